@@ -1,0 +1,169 @@
+"""Hugging Face checkpoint folders: load (config.json + safetensors, sharded or not) and export.
+
+Arrays are read on the host and placed straight into their sharded layout when a mesh is given,
+so a large model never sits whole on one device.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable, Iterator, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from jaxrl_llm.model.config import ModelConfig
+from jaxrl_llm.model.transformer import Transformer, abstract_model
+from jaxrl_llm.parallel.rules import DEFAULT_RULES, state_shardings
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder is missing a tensor or holds one of the wrong shape."""
+
+
+# One entry per parameter: (our path, HF name, HF array -> ours, ours -> HF array).
+Entry = tuple[tuple, str, Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray], np.ndarray]]
+
+
+def _t(x):
+    return x.T
+
+
+def weight_map(cfg: ModelConfig) -> list[Entry]:
+    d, h, k, e = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    out: list[Entry] = [(("embed",), "model.embed_tokens.weight", lambda x: x, lambda x: x),
+                        (("final_norm", "scale"), "model.norm.weight", lambda x: x, lambda x: x)]
+    if not cfg.tie_embeddings:
+        out.append((("lm_head",), "lm_head.weight", _t, _t))
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        out += [
+            (("layers", i, "attn_norm", "scale"), p + "input_layernorm.weight", lambda x: x, lambda x: x),
+            (("layers", i, "mlp_norm", "scale"), p + "post_attention_layernorm.weight", lambda x: x, lambda x: x),
+            (("layers", i, "attn", "q"), p + "self_attn.q_proj.weight",
+             lambda x: x.T.reshape(d, h, e), lambda x: x.reshape(d, h * e).T),
+            (("layers", i, "attn", "k"), p + "self_attn.k_proj.weight",
+             lambda x: x.T.reshape(d, k, e), lambda x: x.reshape(d, k * e).T),
+            (("layers", i, "attn", "v"), p + "self_attn.v_proj.weight",
+             lambda x: x.T.reshape(d, k, e), lambda x: x.reshape(d, k * e).T),
+            (("layers", i, "attn", "o"), p + "self_attn.o_proj.weight",
+             lambda x: x.T.reshape(h, e, d), lambda x: x.reshape(h * e, d).T),
+            (("layers", i, "mlp", "gate"), p + "mlp.gate_proj.weight", _t, _t),
+            (("layers", i, "mlp", "up"), p + "mlp.up_proj.weight", _t, _t),
+            (("layers", i, "mlp", "down"), p + "mlp.down_proj.weight", _t, _t),
+        ]
+        if cfg.attention_bias:
+            out += [
+                (("layers", i, "attn", "q_bias"), p + "self_attn.q_proj.bias",
+                 lambda x: x.reshape(h, e), lambda x: x.reshape(h * e)),
+                (("layers", i, "attn", "k_bias"), p + "self_attn.k_proj.bias",
+                 lambda x: x.reshape(k, e), lambda x: x.reshape(k * e)),
+                (("layers", i, "attn", "v_bias"), p + "self_attn.v_proj.bias",
+                 lambda x: x.reshape(k, e), lambda x: x.reshape(k * e)),
+            ]
+    return out
+
+
+def _get(tree, path):
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+def _set(tree, path, value):
+    for key in path[:-1]:
+        tree = tree[key]
+    tree[path[-1]] = value
+
+
+def build_model(cfg: ModelConfig, hf_arrays: Mapping[str, np.ndarray] | Callable[[str], np.ndarray | None], *,
+                source: str, mesh: Mesh | None = None, rules=DEFAULT_RULES) -> Transformer:
+    """A Transformer whose parameters come from HF-named host arrays, placed with `mesh` if given."""
+    fetch = hf_arrays if callable(hf_arrays) else hf_arrays.get
+    graphdef, abstract = nnx.split(abstract_model(cfg))
+    pure = nnx.to_pure_dict(abstract)
+    shardings = state_shardings(abstract, mesh, rules) if mesh is not None else None
+    for path, name, to_ours, _ in weight_map(cfg):
+        want = _get(pure, path)
+        raw = fetch(name)
+        if raw is None:
+            raise CheckpointError(f"{source}: missing tensor {name!r} (needed for {cfg.architecture} "
+                                  f"with {cfg.num_layers} layers)")
+        try:
+            arr = to_ours(np.asarray(raw))
+        except ValueError as e:
+            raise CheckpointError(f"{source}: tensor {name!r} has shape {tuple(np.shape(raw))}, "
+                                  f"which does not fit the config ({e})") from None
+        if arr.shape != want.shape:
+            raise CheckpointError(f"{source}: tensor {name!r} has shape {tuple(np.shape(raw))}; "
+                                  f"the config implies {want.shape} in our layout")
+        arr = arr.astype(want.dtype)
+        if shardings is not None:
+            sharding = _get(shardings, path)
+            placed = jax.make_array_from_callback(arr.shape, sharding, lambda idx, a=arr: a[idx])
+        else:
+            placed = jnp.asarray(arr)
+        _set(pure, path, placed)
+    nnx.replace_by_pure_dict(abstract, pure)
+    return nnx.merge(graphdef, abstract)
+
+
+def _safetensors_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [folder / n for n in names]
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise CheckpointError(f"{index}: lists shard files that do not exist: {missing}")
+        return files
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{folder}: no *.safetensors files")
+    return files
+
+
+def iter_safetensors(folder: Path) -> Iterator[tuple[str, Path]]:
+    for f in _safetensors_files(folder):
+        with safe_open(str(f), framework="numpy") as fh:
+            for name in fh.keys():
+                yield name, f
+
+
+def load_hf_folder(folder: str | Path, *, mesh: Mesh | None = None, rules=DEFAULT_RULES,
+                   param_dtype: str | None = None) -> tuple[Transformer, ModelConfig]:
+    folder = Path(folder)
+    cfg = ModelConfig.from_hf_folder(folder, param_dtype=param_dtype)
+    where = dict(iter_safetensors(folder))
+
+    def fetch(name):
+        if name not in where:
+            return None
+        with safe_open(str(where[name]), framework="numpy") as fh:
+            return fh.get_tensor(name)
+
+    return build_model(cfg, fetch, source=str(folder), mesh=mesh, rules=rules), cfg
+
+
+def export_hf_folder(model: Transformer, folder: str | Path, *, tokenizer=None, dtype: str | None = None) -> Path:
+    """Write config.json + model.safetensors (+ tokenizer files) that `transformers` loads."""
+    cfg: ModelConfig = model.cfg
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    pure = nnx.to_pure_dict(nnx.state(model))
+    out_dtype = np.dtype(jnp.dtype(dtype or cfg.param_dtype))
+    tensors = {name: np.ascontiguousarray(to_hf(np.asarray(jax.device_get(_get(pure, path)))).astype(out_dtype))
+               for path, name, _, to_hf in weight_map(cfg)}
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    hf = cfg.to_hf_dict()
+    hf["torch_dtype"] = str(out_dtype) if out_dtype != np.float32 else "float32"
+    (folder / "config.json").write_text(json.dumps(hf, indent=2))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(folder))
+    return folder

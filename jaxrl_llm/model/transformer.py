@@ -1,0 +1,190 @@
+"""Decoder-only transformer (Llama / Qwen2 / Mistral) in flax.nnx.
+
+Every parameter carries `logical_axes` metadata (names from parallel/rules.py) so sharding is
+decided by one rule table, never here. Softmax, RoPE, norms' statistics and logits are float32
+whatever the parameter dtype.
+
+Shapes in names: B batch, T new tokens, S cache slots, D model width, H heads, K kv heads,
+G = H // K query heads per kv head, E head dim, F mlp width, V vocabulary.
+
+The KV cache holds one slot per position: a token at position p is written to slot p, so a
+query at position p attends to slots <= p (and > p - window for sliding-window models). Rows of
+one batch may sit at different positions; that is how right-padded prompts of varied lengths
+decode together and why a padded row computes what it would alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxrl_llm.model.config import ModelConfig
+
+_NEG_INF = -1e30
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class KVCache:
+    """Per-layer key and value buffers, each [B, S, K, E]."""
+
+    keys: list[jax.Array]
+    values: list[jax.Array]
+
+    @classmethod
+    def zeros(cls, cfg: ModelConfig, batch: int, slots: int, dtype=None) -> "KVCache":
+        dtype = dtype or jnp.dtype(cfg.param_dtype)
+        shape = (batch, slots, cfg.num_kv_heads, cfg.head_dim)
+        return cls([jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)],
+                   [jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)])
+
+    @property
+    def slots(self) -> int:
+        return self.keys[0].shape[1]
+
+
+def _param(init, key, shape, dtype, axes):
+    return nnx.Param(init(key, shape, dtype), logical_axes=axes)
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, eps: float, dtype):
+        self.eps = eps
+        self.scale = nnx.Param(jnp.ones((dim,), dtype), logical_axes=("norm",))
+
+    def __call__(self, x):
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return self.scale[...] * y.astype(x.dtype)
+
+
+def rope(x_BTNE, positions_BT, theta: float):
+    """Rotary embedding, Hugging Face rotate-half convention, computed in float32."""
+    half = x_BTNE.shape[-1] // 2
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2.0 / x_BTNE.shape[-1]))
+    angles_BTh = positions_BT.astype(jnp.float32)[..., None] * inv_freq
+    cos = jnp.cos(angles_BTh)[:, :, None, :]
+    sin = jnp.sin(angles_BTh)[:, :, None, :]
+    x = x_BTNE.astype(jnp.float32)
+    x1, x2 = x[..., :half], x[..., half:]
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x_BTNE.dtype)
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        d, h, k, e = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        dt = jnp.dtype(cfg.param_dtype)
+        init = nnx.initializers.normal(0.02)
+        self.cfg = cfg
+        self.q = _param(init, rngs.params(), (d, h, e), dt, ("embed", "heads", "head_dim"))
+        self.k = _param(init, rngs.params(), (d, k, e), dt, ("embed", "kv_heads", "head_dim"))
+        self.v = _param(init, rngs.params(), (d, k, e), dt, ("embed", "kv_heads", "head_dim"))
+        self.o = _param(init, rngs.params(), (h, e, d), dt, ("heads", "head_dim", "embed"))
+        if cfg.attention_bias:
+            zeros = nnx.initializers.zeros
+            self.q_bias = _param(zeros, rngs.params(), (h, e), dt, ("heads", "head_dim"))
+            self.k_bias = _param(zeros, rngs.params(), (k, e), dt, ("kv_heads", "head_dim"))
+            self.v_bias = _param(zeros, rngs.params(), (k, e), dt, ("kv_heads", "head_dim"))
+
+    def __call__(self, x_BTD, positions_BT, cache_kv):
+        cfg = self.cfg
+        q = jnp.einsum("btd,dhe->bthe", x_BTD, self.q[...])
+        k = jnp.einsum("btd,dke->btke", x_BTD, self.k[...])
+        v = jnp.einsum("btd,dke->btke", x_BTD, self.v[...])
+        if cfg.attention_bias:
+            q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
+        q = rope(q, positions_BT, cfg.rope_theta)
+        k = rope(k, positions_BT, cfg.rope_theta)
+
+        if cache_kv is None:  # full causal attention over the given tokens
+            keys, values, key_pos_BS = k, v, positions_BT
+        else:  # write this step's keys into their position slots, attend over the whole cache
+            cache_k, cache_v = cache_kv
+            rows = jnp.arange(x_BTD.shape[0])[:, None]
+            keys = cache_k.at[rows, positions_BT].set(k.astype(cache_k.dtype))
+            values = cache_v.at[rows, positions_BT].set(v.astype(cache_v.dtype))
+            key_pos_BS = jnp.broadcast_to(jnp.arange(keys.shape[1]), keys.shape[:2])
+
+        b, t, h, e = q.shape
+        kh = cfg.num_kv_heads
+        q_BTKGE = q.reshape(b, t, kh, h // kh, e)
+        scores = jnp.einsum("btkge,bske->bkgts", q_BTKGE, keys, preferred_element_type=jnp.float32)
+        scores = scores * (e ** -0.5)
+        allowed_BTS = key_pos_BS[:, None, :] <= positions_BT[:, :, None]
+        if cfg.sliding_window:
+            allowed_BTS &= key_pos_BS[:, None, :] > positions_BT[:, :, None] - cfg.sliding_window
+        scores = jnp.where(allowed_BTS[:, None, None], scores, _NEG_INF)
+        probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
+        out = jnp.einsum("bkgts,bske->btkge", probs, values).reshape(b, t, h, e)
+        y = jnp.einsum("bthe,hed->btd", out, self.o[...])
+        return y, (None if cache_kv is None else (keys, values))
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        d, f, dt = cfg.hidden_size, cfg.intermediate_size, jnp.dtype(cfg.param_dtype)
+        init = nnx.initializers.normal(0.02)
+        self.gate = _param(init, rngs.params(), (d, f), dt, ("embed", "mlp"))
+        self.up = _param(init, rngs.params(), (d, f), dt, ("embed", "mlp"))
+        self.down = _param(init, rngs.params(), (f, d), dt, ("mlp", "embed"))
+
+    def __call__(self, x_BTD):
+        h = jax.nn.silu(x_BTD @ self.gate[...]) * (x_BTD @ self.up[...])
+        return h @ self.down[...]
+
+
+class Block(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        dt = jnp.dtype(cfg.param_dtype)
+        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dt)
+        self.attn = Attention(cfg, rngs)
+        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dt)
+        self.mlp = MLP(cfg, rngs)
+
+    def __call__(self, x_BTD, positions_BT, cache_kv):
+        a, cache_kv = self.attn(self.attn_norm(x_BTD), positions_BT, cache_kv)
+        x_BTD = x_BTD + a
+        return x_BTD + self.mlp(self.mlp_norm(x_BTD)), cache_kv
+
+
+class Transformer(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        dt = jnp.dtype(cfg.param_dtype)
+        self.cfg = cfg
+        self.embed = _param(nnx.initializers.normal(0.02), rngs.params(), (cfg.vocab_size, cfg.hidden_size), dt,
+                            ("vocab", "embed"))
+        self.layers = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
+        self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dt)
+        if not cfg.tie_embeddings:
+            self.lm_head = _param(nnx.initializers.normal(0.02), rngs.params(), (cfg.hidden_size, cfg.vocab_size), dt,
+                                  ("embed", "vocab"))
+
+    def __call__(self, tokens_BT, positions_BT, cache: KVCache | None = None):
+        """Returns final-normed hidden states [B, T, D] and the updated cache (None without one)."""
+        x = jnp.take(self.embed[...], tokens_BT, axis=0)
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.layers):
+            layer_cache = None if cache is None else (cache.keys[i], cache.values[i])
+            x, layer_cache = layer(x, positions_BT, layer_cache)
+            if layer_cache is not None:
+                new_k.append(layer_cache[0])
+                new_v.append(layer_cache[1])
+        return self.final_norm(x), (None if cache is None else KVCache(new_k, new_v))
+
+    def logits(self, hidden_XD):
+        """Float32 logits over the vocabulary for hidden states of any leading shape."""
+        head = self.embed[...].T if self.cfg.tie_embeddings else self.lm_head[...]
+        return jnp.matmul(hidden_XD, head, preferred_element_type=jnp.float32)
+
+
+def init_model(cfg: ModelConfig, seed: int = 0) -> Transformer:
+    return Transformer(cfg, nnx.Rngs(params=seed))
+
+
+def abstract_model(cfg: ModelConfig) -> Transformer:
+    """The model's structure with ShapeDtypeStructs in place of arrays (no memory is used)."""
+    return nnx.eval_shape(lambda: Transformer(cfg, nnx.Rngs(params=0)))

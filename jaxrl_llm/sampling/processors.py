@@ -1,0 +1,52 @@
+"""Per-row token choice from float32 logits: temperature, top-k, top-p as traced [B] arrays.
+
+Conventions (shared with the trainer, ALGORITHMS.md §0):
+- log-prob and entropy are of the tempered full-vocabulary distribution softmax(z / T_row),
+  whatever top-k / top-p did to the support the token was drawn from;
+- temperature <= 0 is greedy; such rows report log-prob and entropy at T = 1;
+- top_k <= 0 and top_p >= 1 switch those filters off for the row.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+_NEG_INF = -jnp.inf
+
+
+def tempered_logprobs(logits_BV, temperature_B):
+    t = jnp.where(temperature_B > 0, temperature_B, 1.0).astype(jnp.float32)
+    return jax.nn.log_softmax(logits_BV.astype(jnp.float32) / t[:, None], axis=-1)
+
+
+def entropy_from_logprobs(logp_BV):
+    return -jnp.sum(jnp.exp(logp_BV) * logp_BV, axis=-1)
+
+
+def _filter_top_k_top_p(logp_BV, top_k_B, top_p_B):
+    """Mask (to -inf) tokens outside each row's support: top-k first, then top-p on the
+    renormalised top-k mass (the order Hugging Face applies them). Ties at the cut are kept."""
+    vocab = logp_BV.shape[-1]
+    sorted_BV = -jnp.sort(-logp_BV, axis=-1)  # descending
+    k = jnp.where(top_k_B > 0, jnp.minimum(top_k_B, vocab), vocab)
+    in_k = jnp.arange(vocab)[None, :] < k[:, None]
+    probs = jnp.where(in_k, jnp.exp(sorted_BV), 0.0)
+    probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    n_keep = jnp.maximum(jnp.sum(in_k & (mass_before < top_p_B[:, None]), axis=-1), 1)
+    cut_B = jnp.take_along_axis(sorted_BV, (n_keep - 1)[:, None], axis=-1)[:, 0]
+    return jnp.where(logp_BV >= cut_B[:, None], logp_BV, _NEG_INF)
+
+
+def choose_tokens(logits_BV, temperature_B, top_p_B, top_k_B, keys_B):
+    """Returns (token [B] int32, tempered log-prob [B] f32, tempered entropy [B] f32)."""
+    logp = tempered_logprobs(logits_BV, temperature_B)
+    needs_filter = jnp.any((top_k_B > 0) | (top_p_B < 1.0))
+    support = jax.lax.cond(needs_filter, _filter_top_k_top_p, lambda lp, *_: lp, logp, top_k_B, top_p_B)
+    gumbel = jax.vmap(lambda k: jax.random.gumbel(k, (logits_BV.shape[-1],), jnp.float32))(keys_B)
+    sampled = jnp.argmax(support + gumbel, axis=-1)
+    greedy = jnp.argmax(logits_BV, axis=-1)
+    token = jnp.where(temperature_B > 0, sampled, greedy).astype(jnp.int32)
+    token_logp = jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
+    return token, token_logp, entropy_from_logprobs(logp)

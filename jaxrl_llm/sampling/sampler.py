@@ -1,0 +1,210 @@
+"""Jitted prefill + KV-cache decode.
+
+One program per (batch bucket, context bucket, new-token bucket): temperature, top-p, top-k,
+per-row token budgets and stop ids are traced arrays, so new values never recompile. Decoding is
+a `lax.while_loop` that ends when every row has finished. Weights enter as an argument (the nnx
+state), never closed over, so the trainer's updated parameters feed straight in.
+
+Layout of the token buffer [B, S]: row b holds its context (prompt, then an optional given prefix
+of the response) in slots [0, context_len), generated tokens after it, pad to the right. Slot index
+equals position, which is also the KV-cache slot, so rows of different lengths decode together and
+each row computes exactly what it would alone. Row keys are independent of batch composition:
+row i uses `fold_in(row_key_i, step)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl_llm.model.transformer import KVCache, Transformer
+from jaxrl_llm.sampling.buckets import bucket
+from jaxrl_llm.sampling.processors import choose_tokens
+
+FINISH_STOP = 0  # a stop token was generated (it is kept in the response)
+FINISH_LENGTH = 1  # the row's max_new_tokens (or the cache) ran out
+
+
+class PromptTooLongError(ValueError):
+    """A context does not fit the cache with room for at least one new token."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleOutput:
+    """Host (numpy) arrays for N rows; L is the padded buffer length (a bucket)."""
+
+    tokens: np.ndarray  # [N, L] int32: prompt, prefix, generated tokens, pad
+    prompt_len: np.ndarray  # [N]
+    prefix_len: np.ndarray  # [N] given partial-response tokens after the prompt (RRL / HeRL)
+    num_generated: np.ndarray  # [N]
+    logprobs: np.ndarray  # [N, L] float32, tempered, at generated positions (0 elsewhere)
+    entropy: np.ndarray  # [N, L] float32, tempered, at generated positions (0 elsewhere)
+    finish_reason: np.ndarray  # [N] FINISH_STOP or FINISH_LENGTH
+    temperature: np.ndarray  # [N]
+
+    @property
+    def context_len(self) -> np.ndarray:
+        return self.prompt_len + self.prefix_len
+
+    def _span_mask(self, start, stop) -> np.ndarray:
+        idx = np.arange(self.tokens.shape[1])[None, :]
+        return (idx >= start[:, None]) & (idx < stop[:, None])
+
+    @property
+    def response_mask(self) -> np.ndarray:
+        """[N, L] bool: tokens the sampler generated."""
+        return self._span_mask(self.context_len, self.context_len + self.num_generated)
+
+    @property
+    def prefix_mask(self) -> np.ndarray:
+        """[N, L] bool: the given prefix tokens (not generated, so never trained on as samples)."""
+        return self._span_mask(self.prompt_len, self.context_len)
+
+    def generated(self, i: int) -> list[int]:
+        start = int(self.context_len[i])
+        return self.tokens[i, start:start + int(self.num_generated[i])].tolist()
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "prefill_len"), donate_argnames=("tokens_BS",))
+def generate_program(graphdef, state, tokens_BS, context_len_B, max_new_B, temperature_B, top_p_B, top_k_B,
+                     keys_B, stop_ids_K, *, prefill_len: int):
+    """The device program: prefill the first `prefill_len` slots, then decode until all rows finish."""
+    model: Transformer = nnx.merge(graphdef, state)
+    keys_B = jax.random.wrap_key_data(keys_B)
+    batch, slots = tokens_BS.shape
+    rows = jnp.arange(batch)
+    cache = KVCache.zeros(model.cfg, batch, slots)
+    positions = jnp.broadcast_to(jnp.arange(prefill_len), (batch, prefill_len))
+    hidden, cache = model(tokens_BS[:, :prefill_len], positions, cache)
+    logits_BV = model.logits(hidden[rows, context_len_B - 1])
+
+    def cond(carry):
+        step, *_, done_B, _ = carry
+        return (step < slots - prefill_len + 1) & ~jnp.all(done_B)
+
+    def body(carry):
+        step, tokens, logp_BS, ent_BS, cache, logits_BV, pos_B, count_B, done_B, reason_B = carry
+        keys_t = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys_B, step)
+        tok, lp, ent = choose_tokens(logits_BV, temperature_B, top_p_B, top_k_B, keys_t)
+        active = ~done_B
+        tokens = tokens.at[rows, pos_B].set(jnp.where(active, tok, tokens[rows, pos_B]))
+        logp_BS = logp_BS.at[rows, pos_B].set(jnp.where(active, lp, 0.0))
+        ent_BS = ent_BS.at[rows, pos_B].set(jnp.where(active, ent, 0.0))
+        count_B = count_B + active
+        stopped = jnp.any(tok[:, None] == stop_ids_K[None, :], axis=-1)
+        out_of_room = (count_B >= max_new_B) | (pos_B + 1 >= slots)
+        finishing = active & (stopped | out_of_room)
+        reason_B = jnp.where(finishing, jnp.where(stopped, FINISH_STOP, FINISH_LENGTH), reason_B)
+        done_B = done_B | finishing
+        hidden, cache = model(tok[:, None], pos_B[:, None], cache)
+        logits_BV = model.logits(hidden[:, 0])
+        pos_B = jnp.where(done_B, pos_B, pos_B + 1)
+        return step + 1, tokens, logp_BS, ent_BS, cache, logits_BV, pos_B, count_B, done_B, reason_B
+
+    zeros_BS = jnp.zeros((batch, slots), jnp.float32)
+    init = (jnp.int32(0), tokens_BS, zeros_BS, zeros_BS, cache, logits_BV, context_len_B,
+            jnp.zeros((batch,), jnp.int32), max_new_B <= 0, jnp.full((batch,), FINISH_LENGTH, jnp.int32))
+    _, tokens, logp_BS, ent_BS, _, _, _, count_B, _, reason_B = jax.lax.while_loop(cond, body, init)
+    return tokens, logp_BS, ent_BS, count_B, reason_B
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def row_key_data(key: jax.Array, rows: int) -> jax.Array:
+    """Raw key data [rows, ...] of fold_in(key, i): row i's key, whatever the batch around it."""
+    return jax.random.key_data(jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(rows)))
+
+
+def _per_row(value, n: int, dtype, name: str) -> np.ndarray:
+    arr = np.asarray(value, dtype=dtype)
+    if arr.ndim == 0:
+        return np.full((n,), arr, dtype)
+    if arr.shape != (n,):
+        raise ValueError(f"{name}: expected a scalar or {n} values, got shape {arr.shape}")
+    return arr
+
+
+class Sampler:
+    """Host wrapper: pads to buckets, derives row keys, calls the jitted program, returns numpy.
+
+    `graphdef` comes from `nnx.split(model)`; each call takes the matching state, so the same
+    sampler serves every policy version.
+    """
+
+    def __init__(self, graphdef, *, pad_id: int, stop_ids: Sequence[int] = (), max_cache_len: int = 4096,
+                 min_batch: int = 1, min_context: int = 16, min_new: int = 16):
+        self.graphdef = graphdef
+        self.pad_id = int(pad_id)
+        self.stop_ids = tuple(int(s) for s in stop_ids)
+        self.max_cache_len = int(max_cache_len)
+        self.min_batch, self.min_context, self.min_new = min_batch, min_context, min_new
+
+    @classmethod
+    def for_model(cls, model: Transformer, **kwargs) -> tuple["Sampler", nnx.State]:
+        graphdef, state = nnx.split(model)
+        kwargs.setdefault("max_cache_len", model.cfg.max_position_embeddings)
+        kwargs.setdefault("stop_ids", model.cfg.eos_token_ids)
+        return cls(graphdef, **kwargs), state
+
+    def shapes(self, n_rows: int, max_context: int, max_new: int) -> tuple[int, int, int]:
+        """(batch bucket, prefill length, buffer slots) for a call of this size."""
+        prefill = bucket(max_context, self.min_context)
+        slots = prefill + bucket(max_new, self.min_new)
+        return bucket(n_rows, self.min_batch), prefill, slots
+
+    def __call__(self, state, prompts: Sequence[Sequence[int]], *, max_new_tokens=128, temperature=1.0,
+                 top_p=1.0, top_k=0, key: jax.Array | None = None, row_keys: jax.Array | None = None,
+                 prefixes: Sequence[Sequence[int]] | None = None, stop_ids: Sequence[int] | None = None
+                 ) -> SampleOutput:
+        n = len(prompts)
+        if n == 0:
+            raise ValueError("no prompts given")
+        prefixes = prefixes if prefixes is not None else [()] * n
+        if len(prefixes) != n:
+            raise ValueError(f"{len(prefixes)} prefixes for {n} prompts")
+        contexts = [list(p) + list(x) for p, x in zip(prompts, prefixes)]
+        ctx_len = np.array([len(c) for c in contexts], np.int32)
+        for i, c in enumerate(ctx_len):
+            if c == 0:
+                raise ValueError(f"row {i}: empty prompt")
+            if c + 1 > self.max_cache_len:
+                raise PromptTooLongError(
+                    f"row {i}: context of {c} tokens leaves no room in a cache of {self.max_cache_len} "
+                    f"(max_cache_len); shorten the prompt or raise max_cache_len")
+        max_new = _per_row(max_new_tokens, n, np.int32, "max_new_tokens")
+        max_new = np.minimum(max_new, self.max_cache_len - ctx_len)
+        b, prefill, slots = self.shapes(n, int(ctx_len.max()), int(max_new.max()))
+
+        tokens = np.full((b, slots), self.pad_id, np.int32)
+        for i, c in enumerate(contexts):
+            tokens[i, :len(c)] = c
+        pad_rows = b - n
+        if row_keys is None:
+            key_data = np.asarray(row_key_data(jax.random.key(0) if key is None else key, b))
+        else:
+            key_data = np.asarray(jax.random.key_data(row_keys))
+            if key_data.shape[0] != n:
+                raise ValueError(f"row_keys has {key_data.shape[0]} keys for {n} prompts")
+            key_data = np.concatenate([key_data, np.repeat(key_data[:1], pad_rows, axis=0)])
+
+        def padded(x, fill):
+            return np.concatenate([x, np.full((pad_rows,), fill, x.dtype)])
+
+        temp = _per_row(temperature, n, np.float32, "temperature")
+        stops = self.stop_ids if stop_ids is None else tuple(stop_ids)
+        out = generate_program(
+            self.graphdef, state, jnp.asarray(tokens), jnp.asarray(padded(ctx_len, 1)),
+            jnp.asarray(padded(max_new, 0)), jnp.asarray(padded(temp, 0.0)),
+            jnp.asarray(padded(_per_row(top_p, n, np.float32, "top_p"), 1.0)),
+            jnp.asarray(padded(_per_row(top_k, n, np.int32, "top_k"), 0)), jnp.asarray(key_data),
+            jnp.asarray(np.array(stops or (-1,), np.int32)), prefill_len=prefill)
+        tokens, logp, ent, count, reason = jax.device_get(out)
+        return SampleOutput(
+            tokens=tokens[:n], prompt_len=np.array([len(p) for p in prompts], np.int32),
+            prefix_len=np.array([len(x) for x in prefixes], np.int32), num_generated=count[:n],
+            logprobs=logp[:n], entropy=ent[:n], finish_reason=reason[:n], temperature=temp)
