@@ -4,7 +4,7 @@ Every parameter carries `logical_axes` metadata (names from parallel/rules.py) s
 decided by one rule table, never here. Softmax, RoPE, norms' statistics and logits are float32
 whatever the parameter dtype.
 
-Shapes in names: B batch, T new tokens, S cache slots, D model width, H heads, K kv heads,
+Shapes in names: B batch, T new tokens, S cache slots (or keys), D model width, H heads, K kv heads,
 G = H // K query heads per kv head, E head dim, F mlp width, V vocabulary.
 
 The KV cache holds one slot per position: a token at position p is written to slot p, so a
@@ -29,7 +29,8 @@ _NEG_INF = -1e30
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class KVCache:
-    """Per-layer key and value buffers, each [B, S, K, E]."""
+    """Per-layer keys [B, K, E, S] and values [B, K, S, E]: laid out so both attention matmuls
+    are plain (non-transposed) batched GEMMs over the cache, read in place every decode step."""
 
     keys: list[jax.Array]
     values: list[jax.Array]
@@ -37,13 +38,14 @@ class KVCache:
     @classmethod
     def zeros(cls, cfg: ModelConfig, batch: int, slots: int, dtype=None) -> "KVCache":
         dtype = dtype or jnp.dtype(cfg.param_dtype)
-        shape = (batch, slots, cfg.num_kv_heads, cfg.head_dim)
-        return cls([jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)],
-                   [jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)])
+        k_shape = (batch, cfg.num_kv_heads, cfg.head_dim, slots)
+        v_shape = (batch, cfg.num_kv_heads, slots, cfg.head_dim)
+        return cls([jnp.zeros(k_shape, dtype) for _ in range(cfg.num_layers)],
+                   [jnp.zeros(v_shape, dtype) for _ in range(cfg.num_layers)])
 
     @property
     def slots(self) -> int:
-        return self.keys[0].shape[1]
+        return self.values[0].shape[2]
 
 
 def _param(init, key, shape, dtype, axes):
@@ -101,25 +103,29 @@ class Attention(nnx.Module):
         k = rope(k, positions_BT, cfg.rope_theta)
 
         if cache_kv is None:  # full causal attention over the given tokens
-            keys, values, key_pos_BS = k, v, positions_BT
+            keys, values, key_pos_BS = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3), positions_BT
         else:  # write this step's keys into their position slots, attend over the whole cache
             cache_k, cache_v = cache_kv
             rows = jnp.arange(x_BTD.shape[0])[:, None]
-            keys = cache_k.at[rows, positions_BT].set(k.astype(cache_k.dtype))
-            values = cache_v.at[rows, positions_BT].set(v.astype(cache_v.dtype))
-            key_pos_BS = jnp.broadcast_to(jnp.arange(keys.shape[1]), keys.shape[:2])
+            keys = cache_k.at[rows, :, :, positions_BT].set(k.astype(cache_k.dtype))
+            values = cache_v.at[rows, :, positions_BT].set(v.astype(cache_v.dtype))
+            key_pos_BS = jnp.broadcast_to(jnp.arange(values.shape[2]), values.shape[:1] + values.shape[2:3])
 
         b, t, h, e = q.shape
-        kh = cfg.num_kv_heads
-        q_BTKGE = q.reshape(b, t, kh, h // kh, e)
-        scores = jnp.einsum("btkge,bske->bkgts", q_BTKGE, keys, preferred_element_type=jnp.float32)
+        kh, g = cfg.num_kv_heads, h // cfg.num_kv_heads
+        # queries of one kv head flattened to Q = T*G rows: one plain batched matmul per (b, k),
+        # which XLA runs far faster than a dot with two free dims on one side
+        q_BKQE = q.reshape(b, t, kh, g, e).transpose(0, 2, 1, 3, 4).reshape(b, kh, t * g, e)
+        scores = jnp.einsum("bkqe,bkes->bkqs", q_BKQE, keys, preferred_element_type=jnp.float32)
         scores = scores * (e ** -0.5)
-        allowed_BTS = key_pos_BS[:, None, :] <= positions_BT[:, :, None]
+        qpos_BQ = jnp.repeat(positions_BT, g, axis=1)
+        allowed_BQS = key_pos_BS[:, None, :] <= qpos_BQ[:, :, None]
         if cfg.sliding_window:
-            allowed_BTS &= key_pos_BS[:, None, :] > positions_BT[:, :, None] - cfg.sliding_window
-        scores = jnp.where(allowed_BTS[:, None, None], scores, _NEG_INF)
+            allowed_BQS &= key_pos_BS[:, None, :] > qpos_BQ[:, :, None] - cfg.sliding_window
+        scores = jnp.where(allowed_BQS[:, None], scores, _NEG_INF)
         probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
-        out = jnp.einsum("bkgts,bske->btkge", probs, values).reshape(b, t, h, e)
+        out = jnp.einsum("bkqs,bkse->bkqe", probs, values)
+        out = out.reshape(b, kh, t, g, e).transpose(0, 2, 1, 3, 4).reshape(b, t, h, e)
         y = jnp.einsum("bthe,hed->btd", out, self.o[...])
         return y, (None if cache_kv is None else (keys, values))
 

@@ -39,14 +39,26 @@ def _filter_top_k_top_p(logp_BV, top_k_B, top_p_B):
     return jnp.where(logp_BV >= cut_B[:, None], logp_BV, _NEG_INF)
 
 
+def argmax_last(x_BV):
+    """First index of the maximum along the last axis. Two plain reductions: XLA:CPU runs them
+    vectorised, while jnp.argmax's variadic (value, index) reduce is several times slower."""
+    best = jnp.max(x_BV, axis=-1, keepdims=True)
+    iota = jax.lax.broadcasted_iota(jnp.int32, x_BV.shape, x_BV.ndim - 1)
+    return jnp.min(jnp.where(x_BV == best, iota, x_BV.shape[-1]), axis=-1)
+
+
 def choose_tokens(logits_BV, temperature_B, top_p_B, top_k_B, keys_B):
     """Returns (token [B] int32, tempered log-prob [B] f32, tempered entropy [B] f32)."""
     logp = tempered_logprobs(logits_BV, temperature_B)
     needs_filter = jnp.any((top_k_B > 0) | (top_p_B < 1.0))
     support = jax.lax.cond(needs_filter, _filter_top_k_top_p, lambda lp, *_: lp, logp, top_k_B, top_p_B)
-    gumbel = jax.vmap(lambda k: jax.random.gumbel(k, (logits_BV.shape[-1],), jnp.float32))(keys_B)
-    sampled = jnp.argmax(support + gumbel, axis=-1)
-    greedy = jnp.argmax(logits_BV, axis=-1)
-    token = jnp.where(temperature_B > 0, sampled, greedy).astype(jnp.int32)
+    greedy = argmax_last(logits_BV)
+
+    def draw(support):
+        gumbel = jax.vmap(lambda k: jax.random.gumbel(k, (logits_BV.shape[-1],), jnp.float32))(keys_B)
+        return jnp.where(temperature_B > 0, argmax_last(support + gumbel), greedy)
+
+    # all-greedy batches (evaluation) skip drawing noise for the whole vocabulary
+    token = jax.lax.cond(jnp.any(temperature_B > 0), draw, lambda _: greedy, support).astype(jnp.int32)
     token_logp = jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
     return token, token_logp, entropy_from_logprobs(logp)
