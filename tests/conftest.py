@@ -1,0 +1,41 @@
+"""Shared fixtures: tiny models built here (no hub), 8 fake CPU devices, a persistent compile cache."""
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+from pathlib import Path  # noqa: E402
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+from flax import nnx  # noqa: E402
+
+jax.config.update("jax_compilation_cache_dir", str(Path(__file__).resolve().parents[1] / ".cache" / "jax"))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+from jaxrl_llm.model.config import ModelConfig  # noqa: E402
+from jaxrl_llm.model.transformer import init_model  # noqa: E402
+from jaxrl_llm.sampling.sampler import Sampler  # noqa: E402
+
+TINY = ModelConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                   num_kv_heads=2, head_dim=16, rope_theta=500.0, max_position_embeddings=256)
+
+
+def torch_or_skip():
+    return pytest.importorskip("torch", reason="torch is the test oracle; install the test extra (torch==2.13.0)")
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    """Random tiny Llama-style model whose logits are sharp enough to make sampling tests informative."""
+    model = init_model(TINY, seed=3)
+    state = nnx.state(model)
+    nnx.update(model, jax.tree.map(lambda x: x * 8.0 if x.ndim > 1 else x, state))
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_sampler(tiny_model):
+    return Sampler.for_model(tiny_model, pad_id=0, stop_ids=())

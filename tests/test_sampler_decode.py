@@ -1,0 +1,102 @@
+"""KV-cache decoding against full recomputation, padding independence, prefix continuation, buckets."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl_llm.sampling.processors import tempered_logprobs
+from jaxrl_llm.sampling.sampler import FINISH_LENGTH, FINISH_STOP
+from jaxrl_llm.utils import compile_counter
+
+
+def full_logits(model, tokens):
+    ids = jnp.asarray([tokens])
+    hidden, _ = model(ids, jnp.arange(len(tokens))[None])
+    return np.asarray(model.logits(hidden))[0]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8, 1.7])
+def test_cached_decoding_equals_full_recomputation(tiny_model, tiny_sampler, temperature):
+    sampler, state = tiny_sampler
+    prompts = [[3, 9, 27, 81 % 96, 50], [1, 2], list(range(10, 33))]
+    out = sampler(state, prompts, max_new_tokens=24, temperature=temperature, key=jax.random.key(7))
+    for i, prompt in enumerate(prompts):
+        gen = out.generated(i)
+        assert len(gen) == 24 and out.finish_reason[i] == FINISH_LENGTH
+        seq = prompt + gen
+        logits = full_logits(tiny_model, seq)[len(prompt) - 1:-1]  # predicts each generated token
+        ref_logp = np.asarray(tempered_logprobs(jnp.asarray(logits), jnp.full((len(gen),), temperature)))
+        got_logp = out.logprobs[i][out.response_mask[i]]
+        np.testing.assert_allclose(got_logp, ref_logp[np.arange(len(gen)), gen], atol=2e-5, rtol=0)
+        ref_entropy = -(np.exp(ref_logp) * ref_logp).sum(-1)
+        np.testing.assert_allclose(out.entropy[i][out.response_mask[i]], ref_entropy, atol=2e-5, rtol=0)
+        if temperature == 0.0:
+            assert gen == logits.argmax(-1).tolist()
+
+
+def test_padded_row_samples_what_it_would_alone(tiny_sampler):
+    sampler, state = tiny_sampler
+    prompts = [[5, 6, 7], list(range(40, 70)), [8] * 9]
+    keys = jax.random.split(jax.random.key(11), 3)
+    temps = np.array([1.0, 0.6, 1.4], np.float32)
+    together = sampler(state, prompts, max_new_tokens=20, temperature=temps, top_p=0.95, row_keys=keys)
+    for i in range(3):
+        alone = sampler(state, [prompts[i]], max_new_tokens=20, temperature=temps[i], top_p=0.95,
+                        row_keys=keys[i:i + 1])
+        assert alone.generated(0) == together.generated(i)
+        np.testing.assert_allclose(alone.logprobs[0][alone.response_mask[0]],
+                                   together.logprobs[i][together.response_mask[i]], atol=1e-5)
+
+
+def test_same_key_same_samples_other_key_other_samples(tiny_sampler):
+    sampler, state = tiny_sampler
+    a = sampler(state, [[1, 2, 3]] * 4, max_new_tokens=16, key=jax.random.key(0))
+    b = sampler(state, [[1, 2, 3]] * 4, max_new_tokens=16, key=jax.random.key(0))
+    c = sampler(state, [[1, 2, 3]] * 4, max_new_tokens=16, key=jax.random.key(1))
+    assert np.array_equal(a.tokens, b.tokens)
+    assert not np.array_equal(a.tokens, c.tokens)
+    assert len({tuple(a.generated(i)) for i in range(4)}) > 1  # rows draw independent noise
+
+
+def test_prefix_continuation_marks_prefix_and_continues_greedy(tiny_sampler):
+    sampler, state = tiny_sampler
+    prompt = [4, 8, 15, 16, 23, 42 % 96]
+    full = sampler(state, [prompt], max_new_tokens=20, temperature=0.0).generated(0)
+    out = sampler(state, [prompt], prefixes=[full[:7]], max_new_tokens=13, temperature=0.0)
+    assert out.generated(0) == full[7:]
+    assert out.prompt_len[0] == 6 and out.prefix_len[0] == 7
+    assert out.prefix_mask[0].sum() == 7 and out.tokens[0][out.prefix_mask[0]].tolist() == full[:7]
+    assert not (out.prefix_mask & out.response_mask).any()
+    assert (out.logprobs[0][~out.response_mask[0]] == 0).all()
+
+
+def test_stop_tokens_and_per_row_budgets(tiny_sampler):
+    sampler, state = tiny_sampler
+    greedy = sampler(state, [[7, 7, 7]], max_new_tokens=12, temperature=0.0).generated(0)
+    stop = greedy[4]
+    first = greedy.index(stop)
+    out = sampler(state, [[7, 7, 7], [7, 7, 7]], max_new_tokens=np.array([12, 2]), temperature=0.0,
+                  stop_ids=[stop])
+    assert out.generated(0) == greedy[:first + 1] and out.finish_reason[0] == FINISH_STOP
+    assert out.generated(1) == greedy[:min(2, first + 1)]
+
+
+def test_varied_knobs_and_lengths_compile_nothing_new(tiny_sampler):
+    sampler, state = tiny_sampler
+    sampler(state, [[1] * 9] * 3, max_new_tokens=20)  # warm-up: batch bucket 4, context 16, new 32
+    before = compile_counter.compilations()
+    rng = np.random.RandomState(0)
+    for trial in range(6):
+        n = int(rng.randint(3, 5))
+        prompts = [list(rng.randint(1, 96, size=rng.randint(1, 17))) for _ in range(n)]
+        sampler(state, prompts, max_new_tokens=rng.randint(1, 33, size=n), temperature=rng.uniform(0, 2, size=n),
+                top_p=rng.uniform(0.1, 1.0, size=n), top_k=rng.randint(0, 20, size=n),
+                key=jax.random.key(trial), stop_ids=[int(rng.randint(96))])
+    assert compile_counter.compilations() == before
+
+
+def test_bucket_count_is_bounded(tiny_sampler):
+    sampler, _ = tiny_sampler
+    shapes = {sampler.shapes(n, c, m) for n in range(1, 17) for c in range(1, 65) for m in (8, 64, 128)}
+    assert len(shapes) == 5 * 3 * 3  # batch {1,2,4,8,16} x context {16,32,64} x new {16,64,128}
