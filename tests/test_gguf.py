@@ -1,0 +1,146 @@
+"""GGUF import: a synthetic llama GGUF written with the `gguf` package round-trips to the same model
+and tokenizer; unsupported files are refused with a clear error."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
+from gguf.quants import dequantize, quantize
+
+from conftest import CHAT, SPECIAL, TINY, byte_bpe_tokenizer
+from jaxrl_llm.model.config import UnsupportedModelError
+from jaxrl_llm.model.gguf_io import load_gguf, load_gguf_tokenizer, permute_qk, unpermute_qk
+from jaxrl_llm.model.hf_io import build_model, weight_map
+from jaxrl_llm.model.transformer import init_model
+
+def _hf_arrays(model):
+    pure = nnx.to_pure_dict(nnx.state(model))
+    out = {}
+    for path, name, _, to_hf in weight_map(model.cfg):
+        leaf = pure
+        for k in path:
+            leaf = leaf[k]
+        out[name] = np.asarray(to_hf(np.asarray(leaf)), np.float32)
+    return out
+
+
+def _gguf_name(hf):
+    from jaxrl_llm.model.gguf_io import hf_name
+    return {hf_name(g): g for g in
+            ["token_embd.weight", "output_norm.weight", "output.weight"] +
+            [f"blk.{i}.{n}.weight" for i in range(TINY.num_layers) for n in
+             ["attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
+              "ffn_down"]]}[hf]
+
+
+def write_gguf(path, cfg, arrays, tok, *, arch="llama", quantized=(), raw_override=None):
+    w = GGUFWriter(str(path), arch)
+    w.add_block_count(cfg.num_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_heads)
+    w.add_head_count_kv(cfg.num_kv_heads)
+    w.add_rope_freq_base(cfg.rope_theta)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_dimension_count(cfg.head_dim)
+    vocab = tok.get_vocab()
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([3 if t in SPECIAL else 1 for t in tokens])
+    import json
+    w.add_token_merges([" ".join(m) if isinstance(m, (list, tuple)) else m
+                        for m in json.loads(tok.to_str())["model"]["merges"]])
+    w.add_bos_token_id(vocab["<|im_start|>"])
+    w.add_eos_token_id(vocab["<|im_end|>"])
+    w.add_chat_template(CHAT)
+    for hf, arr in arrays.items():
+        name = _gguf_name(hf)
+        if hf.endswith("q_proj.weight"):
+            arr = permute_qk(arr, cfg.num_heads)
+        elif hf.endswith("k_proj.weight"):
+            arr = permute_qk(arr, cfg.num_kv_heads)
+        if raw_override and name in raw_override:
+            w.add_tensor(name, raw_override[name][0], raw_dtype=raw_override[name][1])
+        elif name in quantized:
+            w.add_tensor(name, quantize(arr, GGMLQuantizationType.Q8_0), raw_dtype=GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(name, arr)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def setup():
+    tok = byte_bpe_tokenizer()
+    cfg = TINY.replace(vocab_size=tok.get_vocab_size(), tie_embeddings=False)
+    model = init_model(cfg, seed=5)
+    nnx.update(model, jax.tree.map(lambda x: x * 6.0 if x.ndim > 1 else x, nnx.state(model)))
+    return tok, cfg, model, _hf_arrays(model)
+
+
+def _logits(model, ids):
+    ids = jnp.asarray(ids)
+    h, _ = model(ids, jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape))
+    return np.asarray(model.logits(h))
+
+
+def test_permutation_inverts():
+    w = np.random.RandomState(0).randn(4 * 16, 24)
+    assert np.array_equal(unpermute_qk(permute_qk(w, 4), 4), w)
+    assert not np.array_equal(permute_qk(w, 4), w)
+
+
+def test_gguf_round_trip_weights_and_logits(setup, tmp_path):
+    tok, cfg, model, arrays = setup
+    path = tmp_path / "tiny.gguf"
+    write_gguf(path, cfg, arrays, tok, quantized={"blk.1.ffn_up.weight"})
+    loaded, got_cfg = load_gguf(path)
+    assert got_cfg.num_layers == cfg.num_layers and got_cfg.num_kv_heads == cfg.num_kv_heads
+    assert got_cfg.vocab_size == cfg.vocab_size and not got_cfg.tie_embeddings
+    # oracle: the original weights, with the one Q8_0 tensor as the gguf package dequantises it
+    up = arrays["model.layers.1.mlp.up_proj.weight"]
+    expected = dict(arrays)
+    expected["model.layers.1.mlp.up_proj.weight"] = dequantize(quantize(up, GGMLQuantizationType.Q8_0),
+                                                               GGMLQuantizationType.Q8_0)
+    assert np.abs(expected["model.layers.1.mlp.up_proj.weight"] - up).max() > 0  # really quantised
+    reference = build_model(cfg, expected, source="expected")
+    ids = np.random.RandomState(0).randint(0, cfg.vocab_size, (2, 14))
+    np.testing.assert_allclose(_logits(loaded, ids), _logits(reference, ids), atol=1e-5, rtol=0)
+
+
+def test_gguf_tokenizer_and_chat_template(setup, tmp_path):
+    tok, cfg, model, arrays = setup
+    path = tmp_path / "tok.gguf"
+    write_gguf(path, cfg, arrays, tok)
+    hf_tok = load_gguf_tokenizer(path)
+    for text in ["What is 12 + 35?", "The lazy dog answers: 47.", "unseen words zq!"]:
+        assert hf_tok(text, add_special_tokens=False)["input_ids"] == tok.encode(text).ids
+    msgs = [{"role": "user", "content": "What is 2 + 2?"}]
+    rendered = hf_tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert rendered == "<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n"
+    assert hf_tok.eos_token == "<|im_end|>"
+
+
+def test_unsupported_architecture_is_refused(setup, tmp_path):
+    tok, cfg, model, arrays = setup
+    path = tmp_path / "gpt2.gguf"
+    write_gguf(path, cfg, arrays, tok, arch="gpt2")
+    with pytest.raises(UnsupportedModelError, match=r"gpt2\.gguf: GGUF architecture 'gpt2' is not supported"):
+        load_gguf(path)
+
+
+def test_unsupported_tensor_type_names_the_tensor(setup, tmp_path):
+    tok, cfg, model, arrays = setup
+    path = tmp_path / "q81.gguf"
+    block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType.Q8_1]
+    raw = np.zeros((cfg.intermediate_size, cfg.hidden_size // block * type_size), np.uint8)
+    write_gguf(path, cfg, arrays, tok, raw_override={"blk.0.ffn_up.weight": (raw, GGMLQuantizationType.Q8_1)})
+    with pytest.raises(UnsupportedModelError, match=r"'blk\.0\.ffn_up\.weight' has GGUF type Q8_1"):
+        load_gguf(path)
