@@ -63,13 +63,18 @@ class RMSNorm(nnx.Module):
         return self.scale[...] * y.astype(x.dtype)
 
 
-def rope(x_BTNE, positions_BT, theta: float):
-    """Rotary embedding, Hugging Face rotate-half convention, computed in float32."""
-    half = x_BTNE.shape[-1] // 2
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2.0 / x_BTNE.shape[-1]))
+def rope_angles(positions_BT, head_dim: int, theta: float):
+    """(cos, sin) [B, T, 1, E/2] in float32, computed once per forward and shared by all layers."""
+    half = head_dim // 2
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2.0 / head_dim))
     angles_BTh = positions_BT.astype(jnp.float32)[..., None] * inv_freq
-    cos = jnp.cos(angles_BTh)[:, :, None, :]
-    sin = jnp.sin(angles_BTh)[:, :, None, :]
+    return jnp.cos(angles_BTh)[:, :, None, :], jnp.sin(angles_BTh)[:, :, None, :]
+
+
+def rope(x_BTNE, cos_sin):
+    """Rotary embedding, Hugging Face rotate-half convention, computed in float32."""
+    cos, sin = cos_sin
+    half = x_BTNE.shape[-1] // 2
     x = x_BTNE.astype(jnp.float32)
     x1, x2 = x[..., :half], x[..., half:]
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
@@ -92,15 +97,15 @@ class Attention(nnx.Module):
             self.k_bias = _param(zeros, rngs.params(), (k, e), dt, ("kv_heads", "head_dim"))
             self.v_bias = _param(zeros, rngs.params(), (k, e), dt, ("kv_heads", "head_dim"))
 
-    def __call__(self, x_BTD, positions_BT, cache_kv):
+    def __call__(self, x_BTD, positions_BT, cos_sin, cache_kv):
         cfg = self.cfg
         q = jnp.einsum("btd,dhe->bthe", x_BTD, self.q[...])
         k = jnp.einsum("btd,dke->btke", x_BTD, self.k[...])
         v = jnp.einsum("btd,dke->btke", x_BTD, self.v[...])
         if cfg.attention_bias:
             q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
-        q = rope(q, positions_BT, cfg.rope_theta)
-        k = rope(k, positions_BT, cfg.rope_theta)
+        q = rope(q, cos_sin)
+        k = rope(k, cos_sin)
 
         if cache_kv is None:  # full causal attention over the given tokens
             keys, values, key_pos_BS = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3), positions_BT
@@ -151,8 +156,8 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dt)
         self.mlp = MLP(cfg, rngs)
 
-    def __call__(self, x_BTD, positions_BT, cache_kv):
-        a, cache_kv = self.attn(self.attn_norm(x_BTD), positions_BT, cache_kv)
+    def __call__(self, x_BTD, positions_BT, cos_sin, cache_kv):
+        a, cache_kv = self.attn(self.attn_norm(x_BTD), positions_BT, cos_sin, cache_kv)
         x_BTD = x_BTD + a
         return x_BTD + self.mlp(self.mlp_norm(x_BTD)), cache_kv
 
@@ -172,10 +177,11 @@ class Transformer(nnx.Module):
     def __call__(self, tokens_BT, positions_BT, cache: KVCache | None = None):
         """Returns final-normed hidden states [B, T, D] and the updated cache (None without one)."""
         x = jnp.take(self.embed[...], tokens_BT, axis=0)
+        cos_sin = rope_angles(positions_BT, self.cfg.head_dim, self.cfg.rope_theta)
         new_k, new_v = [], []
         for i, layer in enumerate(self.layers):
             layer_cache = None if cache is None else (cache.keys[i], cache.values[i])
-            x, layer_cache = layer(x, positions_BT, layer_cache)
+            x, layer_cache = layer(x, positions_BT, cos_sin, layer_cache)
             if layer_cache is not None:
                 new_k.append(layer_cache[0])
                 new_v.append(layer_cache[1])
