@@ -1,0 +1,250 @@
+"""Run configuration: frozen dataclasses, one per concern, loaded from YAML with `a.b=c` overrides.
+
+Unknown keys are refused with the closest known names; values are checked against their types and
+the choices each field allows, and errors name the file and the dotted key at fault.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from jaxrl_llm.rl.advantages import ESTIMATORS
+from jaxrl_llm.rl.losses import AGGREGATIONS, KL_ESTIMATORS
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSection:
+    name: str = "smollm2-135m-instruct"  # HF folder, known short name, or "scratch" (built from `scratch`)
+    param_dtype: str = "float32"
+    compute_dtype: str = "float32"  # bfloat16: forward/backward in bf16 over float32 master weights
+    remat: bool = False
+    scratch: dict = dataclasses.field(default_factory=dict)  # ModelConfig fields for name == "scratch"
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSection:
+    data: int = -1
+    fsdp: int = 1
+    tensor: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSection:
+    source: str = "reasoning_gym"  # reasoning_gym | jsonl | parquet
+    task: str = "basic_arithmetic"  # reasoning-gym data set name
+    task_args: dict = dataclasses.field(default_factory=dict)
+    path: str = ""  # jsonl / parquet file (train); `eval_path` for held-out rows
+    eval_path: str = ""
+    train_size: int = 2000
+    eval_size: int = 200
+    seed: int = 0
+    system_prompt: str = ""
+    answer_format: str = "tags"  # tags | last_number | boxed | raw: how the answer is read from a response
+    instruction: str = ""  # appended to every question (e.g. how to format the answer)
+    chat_template: bool = True
+    max_prompt_len: int = 256
+    overlong: str = "drop"  # drop | truncate: prompts over max_prompt_len
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutSection:
+    prompts_per_step: int = 8
+    group_size: int = 8
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgoSection:
+    advantage: str = "grpo"
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    dual_clip: float = 3.0
+    loss_agg: str = "token-mean"
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    ppo_epochs: int = 1
+    minibatches: int = 1
+    micro_batch: int = 16  # rows per gradient-accumulation slice
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimSection:
+    lr: float = 1e-6
+    warmup_steps: int = 0
+    schedule: str = "constant"  # constant | cosine
+    weight_decay: float = 0.0
+    b1: float = 0.9
+    b2: float = 0.999
+    max_grad_norm: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardSection:
+    workers: int = 2
+    timeout_s: float = 5.0
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTSection:
+    steps: int = 0  # supervised warm start on reference answers before RL (0: none)
+    batch_size: int = 32
+    lr: float = 1e-3
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSection:
+    every: int = 10
+    size: int = 100  # held-out prompts
+    samples: int = 4  # samples per prompt at T = 1 for sampled accuracy and pass@k
+    max_new_tokens: int = 0  # 0: rollout.max_new_tokens
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSection:
+    steps: int = 100
+    seed: int = 0
+    out_dir: str = "runs/default"
+    checkpoint_every: int = 10
+    keep_checkpoints: int = 3
+    async_checkpoint: bool = True
+    resume: bool = True
+    export_final: bool = True
+    tensorboard: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    model: ModelSection = ModelSection()
+    mesh: MeshSection = MeshSection()
+    data: DataSection = DataSection()
+    rollout: RolloutSection = RolloutSection()
+    algo: AlgoSection = AlgoSection()
+    optim: OptimSection = OptimSection()
+    reward: RewardSection = RewardSection()
+    sft: SFTSection = SFTSection()
+    eval: EvalSection = EvalSection()
+    train: TrainSection = TrainSection()
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+CHOICES = {
+    "model.param_dtype": ("float32", "bfloat16"),
+    "model.compute_dtype": ("float32", "bfloat16"),
+    "data.source": ("reasoning_gym", "jsonl", "parquet"),
+    "data.answer_format": ("tags", "last_number", "boxed", "raw"),
+    "data.overlong": ("drop", "truncate"),
+    "algo.advantage": ESTIMATORS,
+    "algo.loss_agg": AGGREGATIONS,
+    "algo.kl_estimator": KL_ESTIMATORS,
+    "optim.schedule": ("constant", "cosine"),
+}
+
+
+def _build(cls, raw: Any, where: str, source: str):
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: '{where or 'top level'}' must be a mapping, got {type(raw).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for key, value in raw.items():
+        dotted = f"{where}.{key}" if where else key
+        if key not in fields:
+            close = difflib.get_close_matches(key, fields, n=3, cutoff=0.5)
+            hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else \
+                f"; known keys: {', '.join(fields)}"
+            raise ConfigError(f"{source}: unknown key '{dotted}'{hint}")
+        typ = hints[key]
+        if dataclasses.is_dataclass(typ):
+            kwargs[key] = _build(typ, value or {}, dotted, source)
+        else:
+            kwargs[key] = _coerce(value, typ, dotted, source)
+            if dotted in CHOICES and kwargs[key] not in CHOICES[dotted]:
+                raise ConfigError(f"{source}: '{dotted}' is {kwargs[key]!r}; choose from {CHOICES[dotted]}")
+    return cls(**kwargs)
+
+
+def _coerce(value, typ, dotted, source):
+    origin = typing.get_origin(typ)
+    if origin in (typing.Union, types.UnionType):
+        typ = next(t for t in typing.get_args(typ) if t is not type(None))
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+    elif typ is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif typ is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif typ is str:
+        if isinstance(value, str):
+            return value
+    elif typ is dict:
+        if isinstance(value, dict):
+            return value
+    raise ConfigError(f"{source}: '{dotted}' must be {typ.__name__}, got {value!r}")
+
+
+def _parse_override(item: str):
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} is not of the form a.b=value")
+    key, text = item.split("=", 1)
+    return key.strip().split("."), yaml.safe_load(text) if text != "" else ""
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
+    raw: dict = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        try:
+            raw = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no such config file") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: invalid YAML: {e}") from None
+    for item in overrides:
+        keys, value = _parse_override(item)
+        node = raw
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: '{k}' is not a section")
+        node[keys[-1]] = value
+    if overrides:
+        source += " + overrides"
+    cfg = _build(Config, raw, "", source)
+    _validate(cfg, source)
+    return cfg
+
+
+def _validate(cfg: Config, source: str) -> None:
+    def need(cond, msg):
+        if not cond:
+            raise ConfigError(f"{source}: {msg}")
+
+    need(cfg.rollout.group_size >= 1 and cfg.rollout.prompts_per_step >= 1, "rollout sizes must be >= 1")
+    need(cfg.rollout.max_new_tokens >= 1, "rollout.max_new_tokens must be >= 1")
+    rows = cfg.rollout.group_size * cfg.rollout.prompts_per_step
+    need(rows % cfg.algo.minibatches == 0, f"algo.minibatches={cfg.algo.minibatches} must divide {rows} rollout rows")
+    need((rows // cfg.algo.minibatches) % cfg.algo.micro_batch == 0 or cfg.algo.micro_batch >= rows,
+         f"algo.micro_batch={cfg.algo.micro_batch} must divide the {rows // cfg.algo.minibatches} rows of a minibatch")
+    need(0 <= cfg.algo.eps_low < 1 and cfg.algo.eps_high >= 0 and cfg.algo.dual_clip > 1, "bad clip settings")
+    need(cfg.model.name != "scratch" or cfg.model.scratch, "model.name=scratch needs model.scratch settings")
+    need(cfg.data.source == "reasoning_gym" or cfg.data.path, f"data.source={cfg.data.source} needs data.path")

@@ -1,0 +1,176 @@
+"""The jitted, sharded policy update: one optimizer step over a (mini)batch of rollout rows.
+
+`make_update(...)` builds one `jax.jit` with explicit in/out shardings and donated parameters and
+optimizer state. Inside, micro-batches are a `lax.scan` that sums gradients (losses are normalised
+batch-wide, so accumulation is exact); a non-finite loss or gradient leaves the state unchanged
+and is reported. Loss coefficients and the learning rate are traced values, never constants.
+
+Batch rows (all [N, L] or [N]): tokens, loss_mask (tokens trained on), old_logp (sampler log-probs
+at the same positions), advantages, temperature, valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxrl_llm.rl.losses import aggregate, clipped_token_loss, kl_penalty, token_logprobs
+
+BATCH_KEYS = ("tokens", "loss_mask", "old_logp", "advantages", "temperature", "valid")
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateSpec:
+    """What changes the program (static)."""
+
+    mode: str = "rl"  # rl: clipped policy gradient; sft: negative log-likelihood of masked tokens
+    loss_agg: str = "token-mean"
+    kl_estimator: str = "k3"
+    use_kl: bool = False
+    micro_batches: int = 1
+    compute_dtype: str = "float32"
+
+
+def make_optimizer(lr: float, *, warmup_steps: int = 0, schedule: str = "constant", total_steps: int = 1,
+                   weight_decay: float = 0.0, b1: float = 0.9, b2: float = 0.999, max_grad_norm: float = 1.0):
+    if schedule == "cosine":
+        sched = optax.warmup_cosine_decay_schedule(0.0, lr, max(warmup_steps, 1), max(total_steps, warmup_steps + 1))
+    else:
+        sched = optax.join_schedules([optax.linear_schedule(0.0, lr, max(warmup_steps, 1)),
+                                      optax.constant_schedule(lr)], [max(warmup_steps, 1)]) \
+            if warmup_steps else optax.constant_schedule(lr)
+    return optax.chain(optax.clip_by_global_norm(max_grad_norm),
+                       optax.inject_hyperparams(optax.adamw)(learning_rate=sched, b1=b1, b2=b2,
+                                                             weight_decay=weight_decay))
+
+
+def current_lr(opt_state) -> jax.Array:
+    """The learning rate held by an `optax.inject_hyperparams` state inside `opt_state` (NaN if none)."""
+    for node in jax.tree.leaves(opt_state, is_leaf=lambda x: hasattr(x, "hyperparams")):
+        if hasattr(node, "hyperparams"):
+            return node.hyperparams["learning_rate"]
+    return jnp.float32(jnp.nan)
+
+
+def _split_micro(x, m: int):
+    """[N, ...] -> [m, N/m, ...] taking rows i, i+m, ...: every slice spans all data shards."""
+    return x.reshape(x.shape[0] // m, m, *x.shape[1:]).swapaxes(0, 1)
+
+
+def _cast(tree, dtype):
+    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+
+def _loss_terms(graphdef, spec: UpdateSpec, params, ref_params, mb, coefs, norms):
+    model = nnx.merge(graphdef, _cast(params, jnp.dtype(spec.compute_dtype)))
+    tokens = mb["tokens"]
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
+    hidden, _ = model(inputs, positions)
+    logp = token_logprobs(model.logits(hidden), targets, mb["temperature"])
+    mask = mb["loss_mask"][:, 1:] & mb["valid"][:, None]
+    maskf = mask.astype(jnp.float32)
+    if spec.mode == "sft":
+        loss_tok = -logp
+        low = high = dual = jnp.zeros_like(mask)
+        gap = jnp.zeros(())
+    else:
+        old = mb["old_logp"][:, 1:]
+        loss_tok, low, high, dual = clipped_token_loss(logp, old, mb["advantages"], eps_low=coefs["eps_low"],
+                                                       eps_high=coefs["eps_high"], dual_clip=coefs["dual_clip"])
+        gap = jnp.sum(jnp.abs(jax.lax.stop_gradient(logp) - old) * maskf)
+    kl = jnp.zeros(())
+    if spec.use_kl:
+        ref_model = nnx.merge(graphdef, _cast(ref_params, jnp.dtype(spec.compute_dtype)))
+        ref_hidden, _ = ref_model(inputs, positions)
+        ref_logp = jax.lax.stop_gradient(token_logprobs(ref_model.logits(ref_hidden), targets, mb["temperature"]))
+        kl_tok = kl_penalty(logp, ref_logp, spec.kl_estimator)
+        loss_tok = loss_tok + coefs["kl_coef"] * kl_tok
+        kl = jnp.sum(jax.lax.stop_gradient(kl_tok) * maskf)
+    loss = aggregate(loss_tok, mask, mode=spec.loss_agg if spec.mode == "rl" else "token-mean", **norms)
+    sums = {"clip_low": jnp.sum(low * maskf), "clip_high": jnp.sum(high * maskf), "dual_clip": jnp.sum(dual * maskf),
+            "kl": kl, "logp_gap": gap, "nll": -jnp.sum(jax.lax.stop_gradient(logp) * maskf)}
+    return loss, sums
+
+
+def update_fn(graphdef, spec: UpdateSpec, optimizer, params, opt_state, batch, coefs, ref_params=None):
+    """One optimizer step (pure). Returns (params, opt_state, metrics)."""
+    mask = batch["loss_mask"][:, 1:] & batch["valid"][:, None]
+    tokens_total = jnp.sum(mask.astype(jnp.float32))
+    norms = {"total_tokens": tokens_total,
+             "total_seqs": jnp.sum((jnp.sum(mask, axis=1) > 0).astype(jnp.float32)),
+             "norm_len": coefs["norm_len"]}
+    micro = {k: _split_micro(batch[k], spec.micro_batches) for k in BATCH_KEYS}
+    grad_fn = jax.value_and_grad(
+        lambda p, mb: _loss_terms(graphdef, spec, p, ref_params, mb, coefs, norms), has_aux=True)
+
+    def accumulate(carry, mb):
+        grads, loss, sums = carry
+        (l, s), g = grad_fn(params, mb)
+        grads = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, g)
+        return (grads, loss + l, jax.tree.map(jnp.add, sums, s)), None
+
+    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), params)
+    zero_sums = {k: jnp.zeros(()) for k in ("clip_low", "clip_high", "dual_clip", "kl", "logp_gap", "nll")}
+    (grads, loss, sums), _ = jax.lax.scan(accumulate, (zeros, jnp.zeros(()), zero_sums), micro)
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    updates, new_opt = optimizer.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
+    denom = jnp.maximum(tokens_total, 1.0)
+    metrics = {"loss": loss, "grad_norm": grad_norm, "skipped_nonfinite": 1 - finite.astype(jnp.int32),
+               "lr": current_lr(opt_state), "update_tokens": tokens_total,
+               **{k: v / denom for k, v in sums.items()}}
+    return keep(new_params, params), keep(new_opt, opt_state), metrics
+
+
+def init_optimizer(optimizer, params, mesh: Mesh):
+    """Optimizer state laid out like the parameters it mirrors; scalars (step counts, hyperparameters)
+    replicated over the mesh."""
+    state = jax.jit(optimizer.init)(params)
+    replicated = NamedSharding(mesh, P())
+    mesh_devices = set(mesh.devices.flat)
+    return jax.tree.map(lambda x: x if set(x.sharding.device_set) == mesh_devices else jax.device_put(x, replicated),
+                        state)
+
+
+def shardings_of(tree):
+    return jax.tree.map(lambda x: x.sharding, tree)
+
+
+def batch_sharding(mesh: Mesh, rows: int) -> Callable[[int], NamedSharding]:
+    """Rows split over the (data, fsdp) axes when they divide the row count, else replicated."""
+    axes = tuple(a for a in ("data", "fsdp") if mesh.shape[a] > 1)
+    size = 1
+    for a in axes:
+        size *= mesh.shape[a]
+    spec_axis = (axes if len(axes) > 1 else axes[0]) if axes and rows % size == 0 else None
+    return lambda ndim: NamedSharding(mesh, P(spec_axis, *[None] * (ndim - 1)))
+
+
+def make_update(graphdef, spec: UpdateSpec, optimizer, params, opt_state, mesh: Mesh, rows: int,
+                ref_params: Any = None):
+    """The jitted update for batches of `rows` rows; params/opt_state must already be placed."""
+    row_sharding = batch_sharding(mesh, rows)
+    batch_sh = {k: row_sharding(2 if k in ("tokens", "loss_mask", "old_logp") else 1) for k in BATCH_KEYS}
+    replicated = NamedSharding(mesh, P())
+    param_sh, opt_sh = shardings_of(params), shardings_of(opt_state)
+    in_sh = (param_sh, opt_sh, batch_sh, replicated) + ((shardings_of(ref_params),) if spec.use_kl else ())
+    step = jax.jit(
+        lambda p, o, b, c, *ref: update_fn(graphdef, spec, optimizer, p, o, b, c, ref[0] if ref else None),
+        in_shardings=in_sh, out_shardings=(param_sh, opt_sh, replicated), donate_argnums=(0, 1))
+
+    def run(params, opt_state, batch, coefs):
+        batch = {k: jax.device_put(batch[k], batch_sh[k]) for k in BATCH_KEYS}
+        coefs = {k: jnp.asarray(v, jnp.float32) for k, v in coefs.items()}
+        return step(params, opt_state, batch, coefs, *((ref_params,) if spec.use_kl else ()))
+
+    return run
