@@ -1,4 +1,4 @@
-"""`jaxrl-llm` command line: prepare-model, sample, bench."""
+"""`jaxrl-llm` command line: train, sft, eval, sample, prepare-model, bench."""
 
 from __future__ import annotations
 
@@ -46,6 +46,42 @@ def _cmd_sample(args) -> int:
     return 0
 
 
+def _load_cfg(args, extra=()):
+    from jaxrl_llm.config import load_config
+
+    return load_config(args.config, list(args.overrides) + list(extra))
+
+
+def _cmd_train(args) -> int:
+    from jaxrl_llm.train.loop import Run
+
+    Run(_load_cfg(args)).train()
+    return 0
+
+
+def _cmd_sft(args) -> int:
+    """Supervised training only: the configured sft steps, then export (no RL steps)."""
+    from jaxrl_llm.train.loop import Run
+
+    Run(_load_cfg(args, ["train.steps=0"])).train()
+    return 0
+
+
+def _cmd_eval(args) -> int:
+    import json
+
+    from jaxrl_llm.rewards.pool import RewardPool
+    from jaxrl_llm.train.loop import PHASE_EVAL, Run
+
+    run = Run(_load_cfg(args, ["train.tensorboard=false"]))
+    run.try_resume()
+    with RewardPool(run.cfg.reward.workers, run.cfg.reward.timeout_s) as pool:
+        result = run.evaluate(pool)
+    run.ckpt.close()
+    print(json.dumps({"step": run.step, "eval_key_phase": PHASE_EVAL, **result}, indent=2))
+    return 0
+
+
 def _cmd_bench(args) -> int:
     from jaxrl_llm.bench.sampler_bench import main as bench_main
 
@@ -55,6 +91,14 @@ def _cmd_bench(args) -> int:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="jaxrl-llm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+
+    for name, fn, text in (("train", _cmd_train, "GRPO training (resumes from the run's latest checkpoint)"),
+                           ("sft", _cmd_sft, "supervised warm start on reference answers only"),
+                           ("eval", _cmd_eval, "held-out evaluation of the run's latest checkpoint")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--config", default="configs/default.yaml")
+        p.add_argument("overrides", nargs="*", help="a.b=value overrides")
+        p.set_defaults(fn=fn)
 
     p = sub.add_parser("prepare-model", help="write a local HF folder for a known short model name")
     p.add_argument("name")

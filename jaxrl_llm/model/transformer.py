@@ -170,6 +170,7 @@ class Transformer(nnx.Module):
                             ("vocab", "embed"))
         self.layers = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
         self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dt)
+        self.remat = False  # recompute each layer's activations in the backward pass (training memory)
         if not cfg.tie_embeddings:
             self.lm_head = _param(nnx.initializers.normal(0.02), rngs.params(), (cfg.hidden_size, cfg.vocab_size), dt,
                                   ("embed", "vocab"))
@@ -181,7 +182,10 @@ class Transformer(nnx.Module):
         new_k, new_v = [], []
         for i, layer in enumerate(self.layers):
             layer_cache = None if cache is None else (cache.keys[i], cache.values[i])
-            x, layer_cache = layer(x, positions_BT, cos_sin, layer_cache)
+            if self.remat and cache is None:
+                x, layer_cache = nnx.remat(lambda blk, h: blk(h, positions_BT, cos_sin, None))(layer, x)
+            else:
+                x, layer_cache = layer(x, positions_BT, cos_sin, layer_cache)
             if layer_cache is not None:
                 new_k.append(layer_cache[0])
                 new_v.append(layer_cache[1])

@@ -1,0 +1,109 @@
+"""Reward checks in worker processes with a time limit per item.
+
+A checker that raises scores 0 and is counted as an error; one that outlives its time limit scores
+0, is counted as a timeout, and its worker is killed and replaced. Neither stalls nor ends the run.
+Workers are spawned (not forked), so they never inherit the trainer's JAX threads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing as mp
+import time
+from multiprocessing.connection import wait
+from typing import Callable, Sequence
+
+from jaxrl_llm.rewards.verifiers import score
+
+
+def _worker(conn, fn):
+    while True:
+        job = conn.recv()
+        if job is None:
+            return
+        idx, args = job
+        try:
+            conn.send((idx, float(fn(*args)), None))
+        except Exception as e:  # a broken checker must not take the worker down
+            conn.send((idx, 0.0, f"{type(e).__name__}: {e}"))
+
+
+@dataclasses.dataclass
+class PoolStats:
+    errors: int = 0
+    timeouts: int = 0
+    last_error: str = ""
+
+
+class RewardPool:
+    def __init__(self, workers: int = 2, timeout_s: float = 5.0, fn: Callable = score):
+        self.timeout_s = timeout_s
+        self.fn = fn
+        self.ctx = mp.get_context("spawn")
+        self.stats = PoolStats()
+        self.workers = [self._spawn() for _ in range(max(1, workers))]
+
+    def _spawn(self):
+        parent, child = self.ctx.Pipe()
+        proc = self.ctx.Process(target=_worker, args=(child, self.fn), daemon=True)
+        proc.start()
+        child.close()
+        return proc, parent
+
+    def map(self, jobs: Sequence[tuple]) -> list[float]:
+        """Score every job (a tuple of `fn` arguments); results in job order."""
+        results = [0.0] * len(jobs)
+        pending = list(range(len(jobs)))[::-1]
+        busy: dict[int, tuple[int, float]] = {}  # worker slot -> (job index, deadline)
+        while pending or busy:
+            for slot in range(len(self.workers)):
+                if slot not in busy and pending:
+                    idx = pending.pop()
+                    self.workers[slot][1].send((idx, jobs[idx]))
+                    busy[slot] = (idx, time.monotonic() + self.timeout_s)
+            conns = {self.workers[s][1]: s for s in busy}
+            ready = wait(list(conns), timeout=max(0.0, min(d for _, d in busy.values()) - time.monotonic()))
+            for conn in ready:
+                slot = conns[conn]
+                try:
+                    idx, value, err = conn.recv()
+                except EOFError:  # the worker died (e.g. killed by the OS): score 0, replace it
+                    idx, value, err = busy[slot][0], 0.0, "worker died"
+                    self._replace(slot)
+                if err:
+                    self.stats.errors += 1
+                    self.stats.last_error = err
+                results[idx] = value
+                del busy[slot]
+            now = time.monotonic()
+            for slot, (idx, deadline) in list(busy.items()):
+                if now >= deadline:
+                    self.stats.timeouts += 1
+                    results[idx] = 0.0
+                    self._replace(slot)
+                    del busy[slot]
+        return results
+
+    def _replace(self, slot: int) -> None:
+        proc, conn = self.workers[slot]
+        proc.kill()
+        proc.join(timeout=5)
+        conn.close()
+        self.workers[slot] = self._spawn()
+
+    def close(self) -> None:
+        for proc, conn in self.workers:
+            try:
+                conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+            proc.join(timeout=2)
+            if proc.is_alive():
+                proc.kill()
+        self.workers = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,59 @@
+"""Answer extraction and scoring: reasoning-gym's own scorers, math-verify, exact match.
+
+Runs inside reward worker processes; every function here is pure and picklable by name.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+_TAGS = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?")
+
+
+def _boxed(text: str) -> str | None:
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 1, start + len("\\boxed{")
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i:j]
+    return None
+
+
+def extract_answer(response: str, fmt: str) -> str | None:
+    """The answer part of a response, or None when the response has none in the expected format."""
+    if fmt == "tags":
+        found = _TAGS.findall(response)
+        return found[-1].strip() if found else None
+    if fmt == "boxed":
+        return _boxed(response)
+    if fmt == "last_number":
+        found = _NUMBER.findall(response)
+        return found[-1].replace(",", "") if found else None
+    return response.strip()
+
+
+def render_answer(answer: str, fmt: str) -> str:
+    """A reference answer written in the expected format (for SFT targets)."""
+    return {"tags": f"<answer>{answer}</answer>", "boxed": f"\\boxed{{{answer}}}"}.get(fmt, answer)
+
+
+def score(scorer: str, answer: str, entry_json: str, response: str, fmt: str) -> float:
+    extracted = extract_answer(response, fmt)
+    if extracted is None:
+        return 0.0
+    if scorer.startswith("reasoning_gym:"):
+        import reasoning_gym
+
+        fn = reasoning_gym.get_score_answer_fn(scorer.split(":", 1)[1])
+        return float(fn(extracted, json.loads(entry_json)))
+    if scorer == "math":
+        from math_verify import parse, verify
+
+        gold = parse(f"${answer}$")
+        return float(bool(verify(gold, parse(f"${extracted}$"))))
+    return float(extracted.strip().lower() == answer.strip().lower())

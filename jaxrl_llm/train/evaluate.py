@@ -1,0 +1,50 @@
+"""Held-out evaluation: greedy accuracy, sampled accuracy at T = 1, unbiased pass@k, mean response
+length, and the share of problems no sample solved."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from jaxrl_llm.config import Config
+from jaxrl_llm.train.metrics import pass_at_k
+from jaxrl_llm.train.rollout import score_rollouts
+
+EVAL_KS = (1, 2, 4, 8, 16)
+
+
+def _sample_scored(sampler, params, pool, tok, cfg, items, rows, temperature, key, chunk):
+    """Rewards and lengths for rows (indices into items), sampled in chunks of the rollout batch size
+    so evaluation reuses the training step's compiled programs."""
+    max_new = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
+    rewards, lengths = [], []
+    for c, start in enumerate(range(0, len(rows), chunk)):
+        part = rows[start:start + chunk]
+        out = sampler(params, [items[j][1] for j in part], max_new_tokens=max_new, temperature=temperature,
+                      key=jax.random.fold_in(key, c))
+        r, _ = score_rollouts(pool, tok, cfg, [it for it, _ in items], out, np.asarray(part))
+        rewards.append(r)
+        lengths.append(out.num_generated)
+    return np.concatenate(rewards), np.concatenate(lengths)
+
+
+def evaluate(sampler, params, pool, tok, cfg: Config, items, key: jax.Array) -> dict:
+    if not items:
+        return {}
+    chunk = cfg.rollout.prompts_per_step * cfg.rollout.group_size
+    n = len(items)
+    greedy, greedy_len = _sample_scored(sampler, params, pool, tok, cfg, items, np.arange(n), 0.0,
+                                        jax.random.fold_in(key, 0), chunk)
+    k = cfg.eval.samples
+    rows = np.repeat(np.arange(n), k)
+    sampled, sampled_len = _sample_scored(sampler, params, pool, tok, cfg, items, rows, 1.0,
+                                          jax.random.fold_in(key, 1), chunk)
+    correct = (sampled >= 1.0 - 1e-6).reshape(n, k)
+    solved = correct.sum(axis=1)
+    out = {"greedy_accuracy": float(np.mean(greedy >= 1.0 - 1e-6)), "sampled_accuracy": float(correct.mean()),
+           "never_solved_share": float(np.mean(solved == 0)),
+           "response_len_mean": float(np.concatenate([greedy_len, sampled_len]).mean()), "problems": n}
+    for kk in EVAL_KS:
+        if kk <= k:
+            out[f"pass@{kk}"] = float(np.mean([pass_at_k(k, int(c), kk) for c in solved]))
+    return out

@@ -1,0 +1,69 @@
+"""Step metrics: pass@k, group statistics, and the writer (metrics.jsonl + TensorBoard, process 0 only)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import jax
+import numpy as np
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k: 1 - C(n - c, k) / C(n, k)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def group_stats(correct_N: np.ndarray, group_N: np.ndarray, ks=(1, 2, 4, 8, 16)) -> dict:
+    """pass@k over the groups (k up to the smallest group), and the share of all-wrong / all-right groups."""
+    groups = [correct_N[group_N == g] for g in np.unique(group_N)]
+    out = {"groups_all_wrong": float(np.mean([not g.any() for g in groups])),
+           "groups_all_right": float(np.mean([g.all() for g in groups]))}
+    smallest = min(len(g) for g in groups)
+    for k in ks:
+        if k <= smallest:
+            out[f"pass@{k}"] = float(np.mean([pass_at_k(len(g), int(g.sum()), k) for g in groups]))
+    return out
+
+
+class MetricsWriter:
+    def __init__(self, out_dir: Path, *, tensorboard: bool = True, resume_step: int = 0):
+        self.enabled = jax.process_index() == 0
+        self.path = Path(out_dir) / "metrics.jsonl"
+        self.tb = None
+        if not self.enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists():  # after a resume, drop lines written after the restored checkpoint
+            kept = [ln for ln in self.path.read_text().splitlines()
+                    if ln.strip() and json.loads(ln).get("step", 0) <= resume_step]
+            self.path.write_text("".join(ln + "\n" for ln in kept))
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self.tb = SummaryWriter(str(Path(out_dir) / "tensorboard"))
+
+    def write(self, step: int, metrics: dict, kind: str = "train") -> None:
+        if not self.enabled:
+            return
+        row = {"step": step, "kind": kind, **{k: _plain(v) for k, v in metrics.items()}}
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.tb is not None:
+            for k, v in row.items():
+                if isinstance(v, (int, float)) and k != "step":
+                    self.tb.add_scalar(f"{kind}/{k}", v, step)
+            self.tb.flush()
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+
+def _plain(v):
+    if isinstance(v, (np.generic, np.ndarray)) or hasattr(v, "item"):
+        return np.asarray(v).item() if np.asarray(v).size == 1 else np.asarray(v).tolist()
+    return v

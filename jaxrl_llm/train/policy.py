@@ -1,0 +1,96 @@
+"""The policy a run trains: model (loaded or built from scratch) placed on the mesh, its tokenizer,
+and the prompts of a task set encoded once."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import jax
+from flax import nnx
+from jax.sharding import Mesh
+
+from jaxrl_llm.config import Config
+from jaxrl_llm.data.tasks import TaskItem
+from jaxrl_llm.model.config import ModelConfig
+from jaxrl_llm.model.hf_io import load_hf_folder
+from jaxrl_llm.model.registry import resolve
+from jaxrl_llm.model.tokenizer import load_tokenizer
+from jaxrl_llm.model.transformer import Transformer, abstract_model
+from jaxrl_llm.parallel.rules import state_shardings
+
+
+@dataclasses.dataclass
+class Policy:
+    graphdef: nnx.GraphDef
+    params: nnx.State
+    model_cfg: ModelConfig
+    tokenizer: object
+
+    def signature(self) -> dict:
+        """What a checkpoint must match to be restored into this policy."""
+        c = self.model_cfg
+        return {"architecture": c.architecture, "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
+                "intermediate_size": c.intermediate_size, "num_layers": c.num_layers, "num_heads": c.num_heads,
+                "num_kv_heads": c.num_kv_heads, "head_dim": c.head_dim}
+
+
+def _as_state(pure_shardings, state):
+    out = jax.tree.map(lambda x: x, state)
+    nnx.replace_by_pure_dict(out, pure_shardings)
+    return out
+
+
+def build_policy(cfg: Config, mesh: Mesh, out_dir: Path) -> Policy:
+    if cfg.model.name == "scratch":
+        from jaxrl_llm.model.char_tokenizer import char_tokenizer
+
+        tok = char_tokenizer()
+        model_cfg = ModelConfig(**{"vocab_size": len(tok), **cfg.model.scratch,
+                                   "param_dtype": cfg.model.param_dtype, "eos_token_ids": (tok.eos_token_id,)})
+        graphdef, abstract = nnx.split(abstract_model(model_cfg))
+        shardings = _as_state(state_shardings(abstract, mesh), abstract)
+        # created directly in the sharded layout: the initialiser itself is jitted with out_shardings
+        params = jax.jit(lambda: nnx.state(Transformer(model_cfg, nnx.Rngs(params=cfg.train.seed))),
+                         out_shardings=shardings)()
+        tok.save_pretrained(str(out_dir / "tokenizer"))
+    else:
+        folder = resolve(cfg.model.name)
+        model, model_cfg = load_hf_folder(folder, mesh=mesh, param_dtype=cfg.model.param_dtype)
+        tok = load_tokenizer(folder)
+        graphdef, params = nnx.split(model)
+    if cfg.model.remat:
+        graphdef = _with_remat(graphdef, params)
+    return Policy(graphdef, params, model_cfg, tok)
+
+
+def _with_remat(graphdef, params):
+    model = nnx.merge(graphdef, params)
+    model.remat = True
+    return nnx.split(model)[0]
+
+
+def encode_prompt(tok, cfg: Config, item: TaskItem) -> list[int]:
+    content = item.question + (f"\n{cfg.data.instruction}" if cfg.data.instruction else "")
+    if not cfg.data.chat_template:
+        return tok(content, add_special_tokens=False)["input_ids"]
+    messages = ([{"role": "system", "content": cfg.data.system_prompt}] if cfg.data.system_prompt else []) + \
+        [{"role": "user", "content": content}]
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def encode_items(tok, cfg: Config, items: list[TaskItem]) -> tuple[list[tuple[TaskItem, list[int]]], int]:
+    """(item, prompt ids) pairs and the number of prompts dropped for exceeding data.max_prompt_len.
+    With data.overlong=truncate, long prompts keep their last max_prompt_len tokens (the question's end
+    and the assistant header) instead."""
+    out, dropped = [], 0
+    for item in items:
+        ids = encode_prompt(tok, cfg, item)
+        if len(ids) > cfg.data.max_prompt_len:
+            if cfg.data.overlong == "drop":
+                dropped += 1
+                continue
+            ids = ids[-cfg.data.max_prompt_len:]
+        out.append((item, ids))
+    return out, dropped

@@ -1,0 +1,50 @@
+"""Reward checks: extraction, reasoning-gym / math-verify scorers, and a pool that survives bad checkers."""
+
+import time
+
+import pytest
+
+from jaxrl_llm.rewards.pool import RewardPool
+from jaxrl_llm.rewards.verifiers import extract_answer, render_answer, score
+
+
+def flaky(kind: str) -> float:
+    if kind == "hang":
+        time.sleep(60)
+    if kind == "raise":
+        raise RuntimeError("broken checker")
+    return 1.0
+
+
+@pytest.mark.parametrize("text,fmt,want", [
+    ("so <answer> 47 </answer>", "tags", "47"), ("no tags 47", "tags", None),
+    ("a \\boxed{\\frac{1}{2}} b", "boxed", "\\frac{1}{2}"), ("it is 1,234 or 5.5", "last_number", "5.5"),
+    ("  47\n", "raw", "47"), ("none", "last_number", None),
+])
+def test_extract(text, fmt, want):
+    assert extract_answer(text, fmt) == want
+    if want is not None and fmt in ("tags", "raw"):
+        assert extract_answer(render_answer(want, fmt), fmt) == want
+
+
+def test_scorers():
+    import json
+    import reasoning_gym
+    entry = reasoning_gym.create_dataset("basic_arithmetic", size=1, seed=3)[0]
+    ej = json.dumps(entry, default=str)
+    assert score("reasoning_gym:basic_arithmetic", entry["answer"], ej, f"<answer>{entry['answer']}</answer>", "tags") == 1.0
+    assert score("reasoning_gym:basic_arithmetic", entry["answer"], ej, "<answer>99999</answer>", "tags") == 0.0
+    assert score("math", "1/2", "", "<answer>0.5</answer>", "tags") == 1.0
+    assert score("math", "1/2", "", "<answer>0.6</answer>", "tags") == 0.0
+    assert score("exact", "Paris", "", "paris", "raw") == 1.0
+
+
+def test_pool_survives_hangs_and_errors():
+    with RewardPool(workers=2, timeout_s=1.0, fn=flaky) as pool:
+        t0 = time.monotonic()
+        out = pool.map([("ok",), ("hang",), ("raise",), ("ok",), ("hang",), ("ok",)])
+        elapsed = time.monotonic() - t0
+        assert out == [1.0, 0.0, 0.0, 1.0, 0.0, 1.0]
+        assert pool.stats.timeouts == 2 and pool.stats.errors == 1 and "broken checker" in pool.stats.last_error
+        assert elapsed < 10
+        assert pool.map([("ok",)] * 4) == [1.0] * 4  # replaced workers serve the next batch
