@@ -16,14 +16,16 @@ def full_logits(model, tokens):
     return np.asarray(model.logits(hidden))[0]
 
 
-@pytest.mark.parametrize("temperature", [0.0, 0.8, 1.7])
-def test_cached_decoding_equals_full_recomputation(tiny_model, tiny_sampler, temperature):
+@pytest.mark.parametrize("temperature,stop", [(0.0, ()), (0.8, ()), (1.7, ()), (1.0, (5, 17, 40, 77))])
+def test_cached_decoding_equals_full_recomputation(tiny_model, tiny_sampler, temperature, stop):
     sampler, state = tiny_sampler
-    prompts = [[3, 9, 27, 81 % 96, 50], [1, 2], list(range(10, 33))]
-    out = sampler(state, prompts, max_new_tokens=24, temperature=temperature, key=jax.random.key(7))
+    prompts = [[3, 9, 27, 81 % 96, 50], [1, 2], list(range(10, 33)), [4] * 6, [8, 8], [60, 61, 62]]
+    out = sampler(state, prompts, max_new_tokens=24, temperature=temperature, key=jax.random.key(7), stop_ids=stop)
+    if stop:  # rows that stop early keep the log-prob and entropy of their stop token
+        assert (out.finish_reason == FINISH_STOP).sum() >= 2 and (out.num_generated < 24).sum() >= 2
     for i, prompt in enumerate(prompts):
         gen = out.generated(i)
-        assert len(gen) == 24 and out.finish_reason[i] == FINISH_LENGTH
+        assert len(gen) == 24 and out.finish_reason[i] == FINISH_LENGTH or gen[-1] in stop
         seq = prompt + gen
         logits = full_logits(tiny_model, seq)[len(prompt) - 1:-1]  # predicts each generated token
         ref_logp = np.asarray(tempered_logprobs(jnp.asarray(logits), jnp.full((len(gen),), temperature)))

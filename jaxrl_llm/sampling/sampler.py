@@ -97,9 +97,10 @@ def generate_program(graphdef, state, tokens_BS, context_len_B, max_new_B, tempe
         keys_t = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys_B, step)
         tok, lp, ent = choose_tokens(logits_BV, temperature_B, top_p_B, top_k_B, keys_t)
         active = ~done_B
+        # finished rows stay on their last token's slot: keep what is there
         tokens = tokens.at[rows, pos_B].set(jnp.where(active, tok, tokens[rows, pos_B]))
-        logp_BS = logp_BS.at[rows, pos_B].set(jnp.where(active, lp, 0.0))
-        ent_BS = ent_BS.at[rows, pos_B].set(jnp.where(active, ent, 0.0))
+        logp_BS = logp_BS.at[rows, pos_B].set(jnp.where(active, lp, logp_BS[rows, pos_B]))
+        ent_BS = ent_BS.at[rows, pos_B].set(jnp.where(active, ent, ent_BS[rows, pos_B]))
         count_B = count_B + active
         stopped = jnp.any(tok[:, None] == stop_ids_K[None, :], axis=-1)
         out_of_room = (count_B >= max_new_B) | (pos_B + 1 >= slots)
