@@ -1,0 +1,67 @@
+"""Plot a run's metrics.jsonl to PNG: held-out accuracy, training reward/accuracy, entropy and
+response length against the step.
+
+    .venv/bin/python tools/plot_metrics.py runs/toy/metrics.jsonl -o runs/toy/curves.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def load(path: Path) -> list[dict]:
+    rows = []
+    for i, line in enumerate(path.read_text().splitlines()):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise SystemExit(f"{path}: line {i + 1} is not JSON ({e})")
+    return rows
+
+
+def series(rows, kind, key):
+    pts = [(r["step"], r[key]) for r in rows if r.get("kind") == kind and key in r]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("metrics", type=Path)
+    ap.add_argument("-o", "--out", type=Path, default=None)
+    ap.add_argument("--title", default=None)
+    args = ap.parse_args(argv)
+    rows = load(args.metrics)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for key, label in (("greedy_accuracy", "held-out greedy"), ("sampled_accuracy", "held-out T=1"),
+                       ("pass@4", "held-out pass@4")):
+        axes[0].plot(*series(rows, "eval", key), marker="o", label=label)
+    axes[0].set_title("held-out accuracy")
+    for key, label in (("reward_mean", "reward"), ("accuracy", "accuracy")):
+        axes[1].plot(*series(rows, "train", key), label=label)
+    axes[1].set_title("training rollouts")
+    axes[2].plot(*series(rows, "train", "entropy"), label="entropy (nats/token)")
+    ax2 = axes[2].twinx()
+    ax2.plot(*series(rows, "train", "response_len_mean"), color="tab:red", label="response length")
+    axes[2].set_title("entropy and response length")
+    for ax in axes:
+        ax.set_xlabel("step")
+        ax.legend(loc="best", fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.suptitle(args.title or str(args.metrics.parent))
+    fig.tight_layout()
+    out = args.out or args.metrics.with_name("curves.png")
+    fig.savefig(out, dpi=90)
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
