@@ -96,6 +96,10 @@ class OptimSection:
 class RewardSection:
     workers: int = 2
     timeout_s: float = 5.0
+    # false: a response earns 1 only when the scorer gives full marks, else 0. Some scorers give partial
+    # credit (reasoning-gym: len(answer) / len(response) when the answer is a substring), which a small
+    # policy can farm by writing long digit strings.
+    partial_credit: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

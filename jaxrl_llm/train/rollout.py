@@ -33,7 +33,10 @@ def score_rollouts(pool: RewardPool, tok, cfg: Config, items: list[TaskItem], ou
     texts = [tok.decode(out.generated(i), skip_special_tokens=True) for i in range(len(row_item))]
     jobs = [(items[j].scorer, items[j].answer, items[j].entry_json, texts[i], cfg.data.answer_format)
             for i, j in enumerate(row_item)]
-    return np.asarray(pool.map(jobs), np.float32), texts
+    rewards = np.asarray(pool.map(jobs), np.float32)
+    if not cfg.reward.partial_credit:
+        rewards = (rewards >= 1.0 - 1e-6).astype(np.float32)
+    return rewards, texts
 
 
 def collect(sampler: Sampler, params, pool: RewardPool, tok, cfg: Config, batch: list[tuple[TaskItem, list[int]]],
