@@ -71,14 +71,14 @@ def _cmd_eval(args) -> int:
     import json
 
     from jaxrl_llm.rewards.pool import RewardPool
-    from jaxrl_llm.train.loop import PHASE_EVAL, Run
+    from jaxrl_llm.train.loop import Run
 
     run = Run(_load_cfg(args, ["train.tensorboard=false"]))
     run.try_resume()
     with RewardPool(run.cfg.reward.workers, run.cfg.reward.timeout_s) as pool:
         result = run.evaluate(pool)
     run.ckpt.close()
-    print(json.dumps({"step": run.step, "eval_key_phase": PHASE_EVAL, **result}, indent=2))
+    print(json.dumps({"step": run.step, **result}, indent=2))
     return 0
 
 

@@ -196,6 +196,11 @@ def _coerce(value, typ, dotted, source):
     elif typ is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads 3e-4 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
     elif typ is str:
         if isinstance(value, str):
             return value

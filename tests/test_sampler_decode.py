@@ -87,12 +87,13 @@ def test_stop_tokens_and_per_row_budgets(tiny_sampler):
 def test_varied_knobs_and_lengths_compile_nothing_new(tiny_sampler):
     sampler, state = tiny_sampler
     sampler(state, [[1] * 9] * 3, max_new_tokens=20)  # warm-up: batch bucket 4, context 16, new 32
+    # inside those buckets: batch 3-4, contexts 1-16 tokens, budgets 17-32 (a row may stop earlier)
     before = compile_counter.compilations()
     rng = np.random.RandomState(0)
     for trial in range(6):
         n = int(rng.randint(3, 5))
         prompts = [list(rng.randint(1, 96, size=rng.randint(1, 17))) for _ in range(n)]
-        sampler(state, prompts, max_new_tokens=rng.randint(1, 33, size=n), temperature=rng.uniform(0, 2, size=n),
+        sampler(state, prompts, max_new_tokens=rng.randint(17, 33, size=n), temperature=rng.uniform(0, 2, size=n),
                 top_p=rng.uniform(0.1, 1.0, size=n), top_k=rng.randint(0, 20, size=n),
                 key=jax.random.key(trial), stop_ids=[int(rng.randint(96))])
     assert compile_counter.compilations() == before

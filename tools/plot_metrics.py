@@ -43,18 +43,24 @@ def main(argv=None) -> int:
     for key, label in (("greedy_accuracy", "held-out greedy"), ("sampled_accuracy", "held-out T=1"),
                        ("pass@4", "held-out pass@4")):
         axes[0].plot(*series(rows, "eval", key), marker="o", label=label)
+    before = series(rows, "eval_before_sft", "greedy_accuracy")
+    if before[0]:
+        axes[0].plot(*before, "kx", markersize=9, label="greedy, before SFT warm start")
     axes[0].set_title("held-out accuracy")
     for key, label in (("reward_mean", "reward"), ("accuracy", "accuracy")):
         axes[1].plot(*series(rows, "train", key), label=label)
     axes[1].set_title("training rollouts")
     axes[2].plot(*series(rows, "train", "entropy"), label="entropy (nats/token)")
     ax2 = axes[2].twinx()
-    ax2.plot(*series(rows, "train", "response_len_mean"), color="tab:red", label="response length")
+    ax2.plot(*series(rows, "train", "response_len_mean"), color="tab:red", label="response length (tokens)")
     axes[2].set_title("entropy and response length")
     for ax in axes:
         ax.set_xlabel("step")
-        ax.legend(loc="best", fontsize=8)
         ax.grid(alpha=0.3)
+    for ax in axes[:2]:
+        ax.legend(loc="best", fontsize=8)
+    handles = axes[2].get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
+    axes[2].legend(handles, [h.get_label() for h in handles], loc="best", fontsize=8)
     fig.suptitle(args.title or str(args.metrics.parent))
     fig.tight_layout()
     out = args.out or args.metrics.with_name("curves.png")

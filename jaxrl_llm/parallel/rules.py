@@ -63,12 +63,16 @@ def state_shardings(state: nnx.State, mesh: Mesh, rules: Mapping[str, MeshAxes] 
     return nnx.to_pure_dict(jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable)))
 
 
-def shard_state(state: nnx.State, mesh: Mesh, rules: Mapping[str, MeshAxes] = DEFAULT_RULES) -> nnx.State:
-    """A copy of `state` with every array placed in its sharded layout on `mesh`."""
-    placed = jax.tree.map(jax.device_put, nnx.to_pure_dict(state), state_shardings(state, mesh, rules))
+def sharding_tree(state: nnx.State, mesh: Mesh, rules: Mapping[str, MeshAxes] = DEFAULT_RULES) -> nnx.State:
+    """NamedShardings in the structure of `state` itself (for jit in/out_shardings, device_put)."""
     out = jax.tree.map(lambda x: x, state)  # fresh Variables; `state` itself is left as it is
-    nnx.replace_by_pure_dict(out, placed)
+    nnx.replace_by_pure_dict(out, state_shardings(state, mesh, rules))
     return out
+
+
+def shard_state(state: nnx.State, mesh: Mesh, rules: Mapping[str, MeshAxes] = DEFAULT_RULES) -> nnx.State:
+    """`state` with every array placed in its sharded layout on `mesh`."""
+    return jax.device_put(state, sharding_tree(state, mesh, rules))
 
 
 def activation_sharding(mesh: Mesh, *axes: str | None, rules: Mapping[str, MeshAxes] = DEFAULT_RULES,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 
 import jax
@@ -49,7 +50,7 @@ class MetricsWriter:
     def write(self, step: int, metrics: dict, kind: str = "train") -> None:
         if not self.enabled:
             return
-        row = {"step": step, "kind": kind, **{k: _plain(v) for k, v in metrics.items()}}
+        row = {"step": step, "kind": kind, "wall_time": time.time(), **{k: _plain(v) for k, v in metrics.items()}}
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
         if self.tb is not None:

@@ -17,7 +17,7 @@ from jaxrl_llm.model.hf_io import load_hf_folder
 from jaxrl_llm.model.registry import resolve
 from jaxrl_llm.model.tokenizer import load_tokenizer
 from jaxrl_llm.model.transformer import Transformer, abstract_model
-from jaxrl_llm.parallel.rules import state_shardings
+from jaxrl_llm.parallel.rules import sharding_tree
 
 
 @dataclasses.dataclass
@@ -35,12 +35,6 @@ class Policy:
                 "num_kv_heads": c.num_kv_heads, "head_dim": c.head_dim}
 
 
-def _as_state(pure_shardings, state):
-    out = jax.tree.map(lambda x: x, state)
-    nnx.replace_by_pure_dict(out, pure_shardings)
-    return out
-
-
 def build_policy(cfg: Config, mesh: Mesh, out_dir: Path) -> Policy:
     if cfg.model.name == "scratch":
         from jaxrl_llm.model.char_tokenizer import char_tokenizer
@@ -49,7 +43,7 @@ def build_policy(cfg: Config, mesh: Mesh, out_dir: Path) -> Policy:
         model_cfg = ModelConfig(**{"vocab_size": len(tok), **cfg.model.scratch,
                                    "param_dtype": cfg.model.param_dtype, "eos_token_ids": (tok.eos_token_id,)})
         graphdef, abstract = nnx.split(abstract_model(model_cfg))
-        shardings = _as_state(state_shardings(abstract, mesh), abstract)
+        shardings = sharding_tree(abstract, mesh)
         # created directly in the sharded layout: the initialiser itself is jitted with out_shardings
         params = jax.jit(lambda: nnx.state(Transformer(model_cfg, nnx.Rngs(params=cfg.train.seed))),
                          out_shardings=shardings)()
