@@ -65,12 +65,46 @@ def test_reward_rises_on_a_toy_run(tmp_path):
     assert first < 0.1 and last > 0.5, (first, last)
 
 
-def test_compilations_stay_flat_after_warmup(tmp_path):
-    cfg = _tiny_cfg(tmp_path, "train.steps=5")
-    Run(cfg, log=lambda *a: None).train()
+def test_compilations_stay_flat_after_warmup_and_final_policy_exports(tmp_path):
+    cfg = _tiny_cfg(tmp_path, "train.steps=5", "train.export_final=true")
+    run = Run(cfg, log=lambda *a: None)
+    run.train()
     rows = [json.loads(ln) for ln in (Path(cfg.train.out_dir) / "metrics.jsonl").read_text().splitlines()]
     counts = [r["compilations"] for r in rows if r["kind"] == "train"]
     assert counts[1:] == [counts[1]] * (len(counts) - 1), counts
+    from jaxrl_llm.model.hf_io import load_hf_folder
+    from jaxrl_llm.model.tokenizer import load_tokenizer
+    final = Path(cfg.train.out_dir) / "final"
+    exported, _ = load_hf_folder(final)
+    np.testing.assert_array_equal(np.asarray(exported.embed[...]),
+                                  np.asarray(nnx.merge(run.policy.graphdef, run.params).embed[...]))
+    assert load_tokenizer(final).eos_token == "<|im_end|>"
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+    import yaml
+    cfg = _tiny_cfg(tmp_path, "train.steps=400", "train.checkpoint_every=1000")
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(cfg.to_dict()))
+    metrics = Path(cfg.train.out_dir) / "metrics.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "jaxrl_llm.cli", "train", "--config", str(config)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.exists() and '"kind": "train"' in metrics.read_text():
+            break
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out[-2000:]
+    last = max(json.loads(ln)["step"] for ln in metrics.read_text().splitlines())
+    assert 1 <= last < 400 and f"stopped by signal after step {last}" in out
+    run = Run(cfg, log=lambda *a: None)
+    assert run.try_resume() and run.step == last
 
 
 def test_resume_matches_an_uninterrupted_run(tmp_path):

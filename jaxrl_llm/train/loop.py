@@ -109,7 +109,7 @@ class Run:
     # -- state that checkpoints carry -------------------------------------------------------------
     def registry(self) -> dict:
         return {"model_signature": self.policy.signature(), "step": self.step, "data": self.data.get_state(),
-                "sft_done": self.sft_done}
+                "sft_done": self.sft_done, "seed": self.cfg.train.seed}
 
     def save(self, wait: bool = False) -> None:
         self.ckpt.save(self.step, {"params": self.params, "opt_state": self.opt_state}, self.registry(), wait=wait)
@@ -122,6 +122,9 @@ class Run:
         self.params, self.opt_state = arrays["params"], arrays["opt_state"]
         self.step, self.sft_done = reg["step"], reg["sft_done"]
         self.data.set_state(reg["data"])
+        if reg["seed"] != self.cfg.train.seed:  # the key root must stay that of the checkpointed run
+            self.log(f"train.seed={self.cfg.train.seed} ignored: resuming the run seeded {reg['seed']}")
+            self.root = jax.random.key(reg["seed"])
         self.log(f"resumed from {self.ckpt.directory}/{self.step}")
         return True
 
