@@ -42,7 +42,9 @@ def main(argv=None) -> int:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for key, label in (("greedy_accuracy", "held-out greedy"), ("sampled_accuracy", "held-out T=1"),
                        ("pass@4", "held-out pass@4")):
-        axes[0].plot(*series(rows, "eval", key), marker="o", label=label)
+        xs, ys = series(rows, "eval", key)
+        if xs:
+            axes[0].plot(xs, ys, marker="o", label=label)
     before = series(rows, "eval_before_sft", "greedy_accuracy")
     if before[0]:
         axes[0].plot(*before, "kx", markersize=9, label="greedy, before SFT warm start")
