@@ -156,3 +156,11 @@ def test_overlong_prompts_are_dropped_or_truncated(tmp_path, mode):
         assert dropped == 1 and [it.uid for it, _ in kept] == ["a"]
     else:
         assert dropped == 0 and len(kept[1][1]) == 60
+
+
+def test_held_out_items_never_repeat_a_training_question():
+    from jaxrl_llm.data.tasks import load_splits
+    cfg = load_config(ROOT / "configs" / "toy.yaml")
+    train, held = load_splits(cfg.data)
+    assert len(train) == cfg.data.train_size and 0 < len(held) <= cfg.data.eval_size
+    assert not {it.question for it in train} & {it.question for it in held}

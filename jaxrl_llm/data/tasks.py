@@ -66,15 +66,15 @@ def _file(path: str, kind: str) -> list[TaskItem]:
 
 
 def load_items(cfg: DataSection, split: str) -> list[TaskItem]:
-    """Items of a split ('train' or 'eval'); held-out items never repeat a training question."""
+    """The items of one split ('train' or 'eval') as the source gives them."""
     if cfg.source == "reasoning_gym":
-        items = _reasoning_gym(cfg, split)
-    else:
-        path = cfg.path if split == "train" else cfg.eval_path
-        if not path:
-            return []
-        items = _file(path, cfg.source)
-    if split == "eval":
-        train_questions = {it.question for it in load_items(cfg, "train")}
-        items = [it for it in items if it.question not in train_questions]
-    return items
+        return _reasoning_gym(cfg, split)
+    path = cfg.path if split == "train" else cfg.eval_path
+    return _file(path, cfg.source) if path else []
+
+
+def load_splits(cfg: DataSection) -> tuple[list[TaskItem], list[TaskItem]]:
+    """(train, held-out) items; held-out items never repeat a training question."""
+    train = load_items(cfg, "train")
+    seen = {it.question for it in train}
+    return train, [it for it in load_items(cfg, "eval") if it.question not in seen]

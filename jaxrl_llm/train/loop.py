@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from jaxrl_llm.config import Config
 from jaxrl_llm.data.pipeline import prompt_batches
-from jaxrl_llm.data.tasks import load_items
+from jaxrl_llm.data.tasks import load_splits
 from jaxrl_llm.model.hf_io import export_hf_folder
 from jaxrl_llm.model.tokenizer import pad_id, stop_ids
 from jaxrl_llm.parallel.mesh import make_mesh
@@ -77,8 +77,9 @@ class Run:
         self.mesh = make_mesh({"data": cfg.mesh.data, "fsdp": cfg.mesh.fsdp, "tensor": cfg.mesh.tensor})
         self.policy = build_policy(cfg, self.mesh, self.out_dir)
         tok = self.tok = self.policy.tokenizer
-        self.train_items, dropped = encode_items(tok, cfg, load_items(cfg.data, "train"))
-        eval_items, eval_dropped = encode_items(tok, cfg, load_items(cfg.data, "eval"))
+        train_items, eval_items = load_splits(cfg.data)
+        self.train_items, dropped = encode_items(tok, cfg, train_items)
+        eval_items, eval_dropped = encode_items(tok, cfg, eval_items)
         self.eval_items = eval_items[:cfg.eval.size]
         self.dropped_prompts = dropped + eval_dropped
         if not self.train_items:
