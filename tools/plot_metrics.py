@@ -23,7 +23,7 @@ def load(path: Path) -> list[dict]:
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as e:
-                raise SystemExit(f"{path}: line {i + 1} is not JSON ({e})")
+                raise SystemExit(f"{path}: line {i + 1} is not JSON ({e})") from None
     return rows
 
 

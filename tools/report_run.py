@@ -35,8 +35,10 @@ def main(argv=None) -> int:
         total = float(np.mean([r["time_step_s"] for r in later]))
         print(f"\nstep time (mean over steps 2..{train[-1]['step']}): {total:.2f} s = "
               + ", ".join(f"{k} {v:.2f} s ({v / total:.0%})" for k, v in phases.items()))
-        print(f"update tokens/s: {np.mean([r['update_tokens_per_s'] for r in later]):.0f}; "
-              f"sampling new tokens/s: {np.mean([r['sample_tokens_per_s'] for r in later]):.0f}")
+        positions = [r["update_positions_per_s"] for r in later if "update_positions_per_s" in r]
+        print(f"update: {np.mean([r['update_tokens_per_s'] for r in later]):.0f} loss tokens/s"
+              + (f", {np.mean(positions):.0f} positions/s (forward + backward)" if positions else "")
+              + f"; sampling new tokens/s: {np.mean([r['sample_tokens_per_s'] for r in later]):.0f}")
         counts = [r["compilations"] for r in train]
         flat = all(c == counts[1] for c in counts[1:])
         print(f"compilations after step 1, 2, last: {counts[0]}, {counts[min(1, len(counts) - 1)]}, {counts[-1]} "

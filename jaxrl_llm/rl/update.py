@@ -113,9 +113,9 @@ def update_fn(graphdef, spec: UpdateSpec, optimizer, params, opt_state, batch, c
 
     def accumulate(carry, mb):
         grads, loss, sums = carry
-        (l, s), g = grad_fn(params, mb)
+        (mb_loss, mb_sums), g = grad_fn(params, mb)
         grads = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, g)
-        return (grads, loss + l, jax.tree.map(jnp.add, sums, s)), None
+        return (grads, loss + mb_loss, jax.tree.map(jnp.add, sums, mb_sums)), None
 
     zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), params)
     zero_sums = {k: jnp.zeros(()) for k in ("clip_low", "clip_high", "dual_clip", "kl", "logp_gap", "nll")}

@@ -173,13 +173,17 @@ class Run:
         t2 = time.perf_counter()
         first = ups[0]
         metrics.update({
-            "loss": float(np.mean([u["loss"] for u in ups])), "grad_norm": float(np.mean([u["grad_norm"] for u in ups])),
+            "loss": float(np.mean([u["loss"] for u in ups])),
+            "grad_norm": float(np.mean([u["grad_norm"] for u in ups])),
             "lr": float(ups[-1]["lr"]), "clip_low": float(np.mean([u["clip_low"] for u in ups])),
             "clip_high": float(np.mean([u["clip_high"] for u in ups])),
             "dual_clip": float(np.mean([u["dual_clip"] for u in ups])), "kl": float(np.mean([u["kl"] for u in ups])),
             "logp_gap_sampler_trainer": float(first["logp_gap"]),  # first update: same weights as the sampler
             "skipped_nonfinite": int(sum(u["skipped_nonfinite"] for u in ups)),
             "update_tokens_per_s": float(sum(u["update_tokens"] for u in ups) / max(t2 - t1, 1e-9)),
+            # every position of every row goes through forward and backward, loss-bearing or not
+            "update_positions_per_s": float(len(ups) * mb_rows * (full["tokens"].shape[1] - 1)
+                                            / max(t2 - t1, 1e-9)),
             "time_update_s": t2 - t1, "time_step_s": t2 - t0,
             "time_other_s": (t2 - t0) - metrics["time_sample_s"] - metrics["time_reward_s"] - (t2 - t1),
             "compilations": compile_counter.compilations(), "reward_errors": pool.stats.errors,
