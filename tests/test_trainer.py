@@ -164,3 +164,17 @@ def test_held_out_items_never_repeat_a_training_question():
     train, held = load_splits(cfg.data)
     assert len(train) == cfg.data.train_size and 0 < len(held) <= cfg.data.eval_size
     assert not {it.question for it in train} & {it.question for it in held}
+
+
+def test_parquet_source_reads_the_documented_schema(tmp_path):
+    import datasets
+    path = tmp_path / "tasks.parquet"
+    datasets.Dataset.from_list([{"question": "What is 1/2 as a decimal?", "answer": "0.5", "scorer": "math",
+                                 "reference": "<answer>0.5</answer>"},
+                                {"question": "Capital of France?", "answer": "Paris", "scorer": "exact",
+                                 "reference": None}]).to_parquet(str(path))
+    cfg = load_config(None, ["data.source=parquet", f"data.path={path}"])
+    items = load_items(cfg.data, "train")
+    assert [(it.answer, it.scorer, it.reference) for it in items] == [
+        ("0.5", "math", "<answer>0.5</answer>"), ("Paris", "exact", "")]
+    assert items[1].uid.endswith("tasks.parquet:1")
