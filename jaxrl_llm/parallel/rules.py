@@ -75,8 +75,8 @@ def shard_state(state: nnx.State, mesh: Mesh, rules: Mapping[str, MeshAxes] = DE
     return jax.device_put(state, sharding_tree(state, mesh, rules))
 
 
-def activation_sharding(mesh: Mesh, *axes: str | None, rules: Mapping[str, MeshAxes] = DEFAULT_RULES,
-                        shape: Sequence[int] | None = None) -> NamedSharding:
-    """Sharding for an activation named by logical axes, e.g. ('batch', 'length')."""
-    shape = shape if shape is not None else [0] * len(axes)
-    return NamedSharding(mesh, spec_for(shape, axes, mesh, rules))
+def row_sharding(mesh: Mesh, rows: int, ndim: int = 1,
+                 rules: Mapping[str, MeshAxes] = DEFAULT_RULES) -> NamedSharding:
+    """Sharding of an [rows, ...] batch array: rows over the mesh axes of the `batch` rule (when they
+    divide `rows`), every other dimension whole."""
+    return NamedSharding(mesh, spec_for((rows,) + (1,) * (ndim - 1), ("batch",) + (None,) * (ndim - 1), mesh, rules))

@@ -12,7 +12,7 @@ at the same positions), advantages, temperature, valid.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +21,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxrl_llm.parallel.rules import row_sharding
 from jaxrl_llm.rl.losses import aggregate, clipped_token_loss, kl_penalty, token_logprobs
 
 BATCH_KEYS = ("tokens", "loss_mask", "old_logp", "advantages", "temperature", "valid")
@@ -146,21 +147,11 @@ def shardings_of(tree):
     return jax.tree.map(lambda x: x.sharding, tree)
 
 
-def batch_sharding(mesh: Mesh, rows: int) -> Callable[[int], NamedSharding]:
-    """Rows split over the (data, fsdp) axes when they divide the row count, else replicated."""
-    axes = tuple(a for a in ("data", "fsdp") if mesh.shape[a] > 1)
-    size = 1
-    for a in axes:
-        size *= mesh.shape[a]
-    spec_axis = (axes if len(axes) > 1 else axes[0]) if axes and rows % size == 0 else None
-    return lambda ndim: NamedSharding(mesh, P(spec_axis, *[None] * (ndim - 1)))
-
-
 def make_update(graphdef, spec: UpdateSpec, optimizer, params, opt_state, mesh: Mesh, rows: int,
                 ref_params: Any = None):
     """The jitted update for batches of `rows` rows; params/opt_state must already be placed."""
-    row_sharding = batch_sharding(mesh, rows)
-    batch_sh = {k: row_sharding(2 if k in ("tokens", "loss_mask", "old_logp") else 1) for k in BATCH_KEYS}
+    batch_sh = {k: row_sharding(mesh, rows, 2 if k in ("tokens", "loss_mask", "old_logp") else 1)
+                for k in BATCH_KEYS}
     replicated = NamedSharding(mesh, P())
     param_sh, opt_sh = shardings_of(params), shardings_of(opt_state)
     in_sh = (param_sh, opt_sh, batch_sh, replicated) + ((shardings_of(ref_params),) if spec.use_kl else ())

@@ -23,11 +23,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import Mesh
 
 from jaxrl_llm.model.transformer import KVCache, Transformer
-from jaxrl_llm.parallel.rules import activation_sharding
+from jaxrl_llm.parallel.rules import row_sharding
 from jaxrl_llm.sampling.buckets import bucket
 from jaxrl_llm.sampling.processors import choose_tokens
 
@@ -207,9 +206,7 @@ class Sampler:
                 padded(_per_row(top_p, n, np.float32, "top_p"), 1.0),
                 padded(_per_row(top_k, n, np.int32, "top_k"), 0), key_data]
         if self.mesh is not None:
-            sharding = activation_sharding(self.mesh, "batch", shape=(b,))
-            rows = [jax.device_put(x, NamedSharding(self.mesh, P(*sharding.spec, *[None] * (x.ndim - 1))))
-                    for x in rows]
+            rows = [jax.device_put(x, row_sharding(self.mesh, b, x.ndim)) for x in rows]
         out = generate_program(self.graphdef, state, *map(jnp.asarray, rows),
                                jnp.asarray(np.array(stops or (-1,), np.int32)), prefill_len=prefill)
         tokens, logp, ent, count, reason = jax.device_get(out)
