@@ -7,7 +7,7 @@ import jax
 import numpy as np
 
 from jaxrl_llm.config import Config
-from jaxrl_llm.train.metrics import pass_at_k
+from jaxrl_llm.train.metrics import pass_at_k, solved
 from jaxrl_llm.train.rollout import score_rollouts
 
 EVAL_KS = (1, 2, 4, 8, 16)
@@ -17,12 +17,13 @@ def _sample_scored(sampler, params, pool, tok, cfg, items, rows, temperature, ke
     """Rewards and lengths for rows (indices into items), sampled in chunks of the rollout batch size
     so evaluation reuses the training step's compiled programs."""
     max_new = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
+    tasks = [it for it, _ in items]
     rewards, lengths = [], []
     for c, start in enumerate(range(0, len(rows), chunk)):
         part = rows[start:start + chunk]
         out = sampler(params, [items[j][1] for j in part], max_new_tokens=max_new, temperature=temperature,
                       key=jax.random.fold_in(key, c))
-        r, _ = score_rollouts(pool, tok, cfg, [it for it, _ in items], out, np.asarray(part))
+        r, _ = score_rollouts(pool, tok, cfg, tasks, out, np.asarray(part))
         rewards.append(r)
         lengths.append(out.num_generated)
     return np.concatenate(rewards), np.concatenate(lengths)
@@ -39,12 +40,12 @@ def evaluate(sampler, params, pool, tok, cfg: Config, items, key: jax.Array) -> 
     rows = np.repeat(np.arange(n), k)
     sampled, sampled_len = _sample_scored(sampler, params, pool, tok, cfg, items, rows, 1.0,
                                           jax.random.fold_in(key, 1), chunk)
-    correct = (sampled >= 1.0 - 1e-6).reshape(n, k)
-    solved = correct.sum(axis=1)
-    out = {"greedy_accuracy": float(np.mean(greedy >= 1.0 - 1e-6)), "sampled_accuracy": float(correct.mean()),
-           "never_solved_share": float(np.mean(solved == 0)),
+    correct = solved(sampled).reshape(n, k)
+    solved_count = correct.sum(axis=1)
+    out = {"greedy_accuracy": float(np.mean(solved(greedy))), "sampled_accuracy": float(correct.mean()),
+           "never_solved_share": float(np.mean(solved_count == 0)),
            "response_len_mean": float(np.concatenate([greedy_len, sampled_len]).mean()), "problems": n}
     for kk in EVAL_KS:
         if kk <= k:
-            out[f"pass@{kk}"] = float(np.mean([pass_at_k(k, int(c), kk) for c in solved]))
+            out[f"pass@{kk}"] = float(np.mean([pass_at_k(k, int(c), kk) for c in solved_count]))
     return out

@@ -11,6 +11,11 @@ import jax
 import numpy as np
 
 
+def solved(rewards: np.ndarray) -> np.ndarray:
+    """Rows whose reward is full marks: what accuracy, pass@k and strict rewards count."""
+    return rewards >= 1.0 - 1e-6
+
+
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k: 1 - C(n - c, k) / C(n, k)."""
     if n - c < k:

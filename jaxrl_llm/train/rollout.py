@@ -14,7 +14,7 @@ from jaxrl_llm.data.tasks import TaskItem
 from jaxrl_llm.rewards.pool import RewardPool
 from jaxrl_llm.rl.advantages import group_advantages
 from jaxrl_llm.sampling.sampler import FINISH_LENGTH, Sampler, SampleOutput
-from jaxrl_llm.train.metrics import group_stats
+from jaxrl_llm.train.metrics import group_stats, solved
 
 _advantages = jax.jit(group_advantages, static_argnames=("estimator", "num_groups"))
 
@@ -35,7 +35,7 @@ def score_rollouts(pool: RewardPool, tok, cfg: Config, items: list[TaskItem], ou
             for i, j in enumerate(row_item)]
     rewards = np.asarray(pool.map(jobs), np.float32)
     if not cfg.reward.partial_credit:
-        rewards = (rewards >= 1.0 - 1e-6).astype(np.float32)
+        rewards = solved(rewards).astype(np.float32)
     return rewards, texts
 
 
@@ -53,7 +53,7 @@ def collect(sampler: Sampler, params, pool: RewardPool, tok, cfg: Config, batch:
     t2 = time.perf_counter()
     adv = np.asarray(_advantages(jnp.asarray(rewards), jnp.asarray(group), jnp.ones(len(group), bool),
                                  estimator=cfg.algo.advantage, num_groups=len(group)))
-    correct = rewards >= 1.0 - 1e-6
+    correct = solved(rewards)
     mask = out.response_mask
     metrics = {
         "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()), "accuracy": float(correct.mean()),
