@@ -9,7 +9,7 @@ from flax import nnx
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize, quantize
 
-from conftest import CHAT, SPECIAL, TINY, byte_bpe_tokenizer
+from conftest import CHAT, SPECIAL, TINY, byte_bpe_tokenizer, torch_or_skip
 from jaxrl_llm.model.config import UnsupportedModelError
 from jaxrl_llm.model.gguf_io import load_gguf, load_gguf_tokenizer, permute_qk, unpermute_qk
 from jaxrl_llm.model.hf_io import build_model, weight_map
@@ -35,7 +35,7 @@ def _gguf_name(hf):
               "ffn_down"]]}[hf]
 
 
-def write_gguf(path, cfg, arrays, tok, *, arch="llama", quantized=(), raw_override=None):
+def write_gguf(path, cfg, arrays, tok, *, arch="llama", quantized=(), raw_override=None, extra=None):
     w = GGUFWriter(str(path), arch)
     w.add_block_count(cfg.num_layers)
     w.add_context_length(cfg.max_position_embeddings)
@@ -70,6 +70,8 @@ def write_gguf(path, cfg, arrays, tok, *, arch="llama", quantized=(), raw_overri
             w.add_tensor(name, quantize(arr, GGMLQuantizationType.Q8_0), raw_dtype=GGMLQuantizationType.Q8_0)
         else:
             w.add_tensor(name, arr)
+    for name, arr in (extra or {}).items():
+        w.add_tensor(name, arr)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -143,4 +145,37 @@ def test_unsupported_tensor_type_names_the_tensor(setup, tmp_path):
     raw = np.zeros((cfg.intermediate_size, cfg.hidden_size // block * type_size), np.uint8)
     write_gguf(path, cfg, arrays, tok, raw_override={"blk.0.ffn_up.weight": (raw, GGMLQuantizationType.Q8_1)})
     with pytest.raises(UnsupportedModelError, match=r"'blk\.0\.ffn_up\.weight' has GGUF type Q8_1"):
+        load_gguf(path)
+
+
+def test_gguf_matches_transformers_gguf_reader(setup, tmp_path):
+    """transformers' own GGUF reader (its own Q/K un-permutation) is the oracle, not our permute_qk."""
+    torch = torch_or_skip()
+    from transformers import AutoModelForCausalLM
+
+    tok, cfg, model, arrays = setup
+    write_gguf(tmp_path / "tiny.gguf", cfg, arrays, tok, quantized={"blk.1.ffn_up.weight"})
+    ref_model = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="tiny.gguf", dtype=torch.float32).eval()
+    ours, _ = load_gguf(tmp_path / "tiny.gguf")
+    ours_hf = _hf_arrays(ours)
+    ref_sd = {k: v.numpy() for k, v in ref_model.state_dict().items()}
+    for name in ["model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight"]:
+        np.testing.assert_allclose(ours_hf[name], ref_sd[name], atol=1e-6, rtol=0, err_msg=name)
+        # the file holds permuted rows that transformers' layout differs from: an identity
+        # unpermute_qk (ours = the file's rows) could not pass the check above
+        in_file = permute_qk(arrays[name], cfg.num_heads if "q_proj" in name else cfg.num_kv_heads)
+        assert np.abs(ref_sd[name] - in_file).max() > 0.1
+    ids = np.random.RandomState(4).randint(0, cfg.vocab_size, (2, 24))
+    with torch.no_grad():
+        ref = ref_model(torch.tensor(ids)).logits.numpy()
+    assert np.abs(ref).max() > 1.0
+    np.testing.assert_allclose(_logits(ours, ids), ref, atol=1e-4, rtol=0)
+
+
+def test_unmapped_gguf_tensor_is_refused(setup, tmp_path):
+    """llama3-scaled GGUFs carry rope_freqs.weight; importing without it would run plain RoPE."""
+    tok, cfg, model, arrays = setup
+    path = tmp_path / "freqs.gguf"
+    write_gguf(path, cfg, arrays, tok, extra={"rope_freqs.weight": np.ones(cfg.head_dim // 2, np.float32)})
+    with pytest.raises(UnsupportedModelError, match=r"freqs\.gguf: 1 GGUF tensor\(s\) .*'rope_freqs\.weight'"):
         load_gguf(path)

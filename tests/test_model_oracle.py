@@ -5,13 +5,16 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from flax import nnx
+
 from conftest import torch_or_skip
 from jaxrl_llm.model.hf_io import export_hf_folder, load_hf_folder
+from jaxrl_llm.model.transformer import abstract_model
 from jaxrl_llm.sampling.sampler import Sampler
 
 torch = torch_or_skip()
 from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,  # noqa: E402
-                          MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+                          MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 COMMON = dict(vocab_size=113, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, rope_theta=1000.0, max_position_embeddings=128)
@@ -20,6 +23,24 @@ CASES = {
     "llama-tied-mha": (LlamaConfig, LlamaForCausalLM, dict(tie_word_embeddings=True, num_key_value_heads=4)),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, dict(tie_word_embeddings=True)),
     "mistral-window": (MistralConfig, MistralForCausalLM, dict(sliding_window=6, tie_word_embeddings=False)),
+    # q, k, v and o biases
+    "llama-attn-bias": (LlamaConfig, LlamaForCausalLM, dict(attention_bias=True, tie_word_embeddings=False)),
+    # frequency-dependent RoPE scaling; original context 16 < the 40 tokens compared, so it shows
+    "llama3-rope": (LlamaConfig, LlamaForCausalLM, dict(tie_word_embeddings=False, rope_parameters=dict(
+        rope_type="llama3", rope_theta=1000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+        original_max_position_embeddings=16))),
+    # the window in layer 1 only (layers from max_window_layers on)
+    "qwen2-window-layers": (Qwen2Config, Qwen2ForCausalLM, dict(use_sliding_window=True, sliding_window=6,
+                                                                max_window_layers=1, tie_word_embeddings=True)),
+    # q/k RMSNorm; head_dim 32 != hidden 64 / 4 heads
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM, dict(head_dim=32, tie_word_embeddings=False)),
+}
+# Config changes that must move the logits (else the case could pass without testing its feature):
+# the window on every layer or on none, plain RoPE.
+ABLATIONS = {
+    "mistral-window": [dict(sliding_window=None)],
+    "qwen2-window-layers": [dict(sliding_layers=None), dict(sliding_window=None)],
+    "llama3-rope": [dict(rope_scaling=None)],
 }
 
 
@@ -48,13 +69,22 @@ def _our_logits(model, ids):
     return np.asarray(model.logits(hidden))
 
 
+def _with_config(model, cfg):
+    """The same weights under another config of the same parameter structure."""
+    graphdef, _ = nnx.split(abstract_model(cfg))
+    return nnx.merge(graphdef, nnx.state(model))
+
+
 def test_logits_match_transformers(hf_pair):
     name, hf_model, ours, cfg = hf_pair
-    ids = np.random.RandomState(1).randint(0, cfg.vocab_size, (3, 20))
+    ids = np.random.RandomState(1).randint(0, cfg.vocab_size, (3, 40))  # longer than windows and 16
     ref = _hf_logits(hf_model, ids)
     got = _our_logits(ours, ids)
     assert np.abs(ref).max() > 1.0  # the comparison is not between near-zero numbers
     np.testing.assert_allclose(got, ref, atol=1e-4, rtol=0)
+    for change in ABLATIONS.get(name, []):
+        other = _our_logits(_with_config(ours, cfg.replace(**change)), ids)
+        assert np.abs(other - ref).max() > 1e-2, f"{name}: {change} does not change the logits"
 
 
 def test_greedy_32_tokens_match_generate(hf_pair):

@@ -67,6 +67,9 @@ def gguf_config(reader: GGUFReader, *, source: str, param_dtype: str = "float32"
             raise UnsupportedModelError(f"{source}: GGUF metadata lacks 'llama.{key}'")
         return value
 
+    scaling = _field(reader, "llama.rope.scaling.type")
+    if scaling not in (None, "none"):
+        raise UnsupportedModelError(f"{source}: GGUF RoPE scaling {scaling!r} is not supported (only plain RoPE)")
     hidden, heads = int(need("embedding_length")), int(need("attention.head_count"))
     tokens = _field(reader, "tokenizer.ggml.tokens")
     vocab = _field(reader, "llama.vocab_size") or (len(tokens) if tokens else None)
@@ -92,11 +95,14 @@ def gguf_config(reader: GGUFReader, *, source: str, param_dtype: str = "float32"
 
 def gguf_hf_arrays(reader: GGUFReader, cfg: ModelConfig, *, source: str) -> dict[str, np.ndarray]:
     """Every tensor dequantised to float32, renamed and laid out as in a Hugging Face checkpoint."""
+    # a tensor we cannot name (e.g. llama3's rope_freqs.weight) would change the model: refuse it
+    unknown = sorted(t.name for t in reader.tensors if hf_name(t.name) is None)
+    if unknown:
+        shown = ", ".join(repr(n) for n in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
+        raise UnsupportedModelError(f"{source}: {len(unknown)} GGUF tensor(s) this importer does not map: {shown}")
     out = {}
     for t in reader.tensors:
         name = hf_name(t.name)
-        if name is None:
-            continue
         try:
             arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
         except NotImplementedError:

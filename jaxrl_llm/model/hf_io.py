@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterable, Iterator, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +24,12 @@ from jaxrl_llm.parallel.rules import DEFAULT_RULES, state_shardings
 
 
 class CheckpointError(ValueError):
-    """A checkpoint folder is missing a tensor or holds one of the wrong shape."""
+    """A checkpoint folder is missing a tensor, holds one of the wrong shape, or one we cannot place."""
+
+
+# Tensors a checkpoint may hold that transformers itself does not load: RoPE buffers some older
+# exports saved (recomputed from the config). Anything else we do not map is an error, never dropped.
+_IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
 
 
 # One entry per parameter: (our path, HF name, HF array -> ours, ours -> HF array).
@@ -67,6 +72,11 @@ def weight_map(cfg: ModelConfig) -> list[Entry]:
                 (("layers", i, "attn", "v_bias"), p + "self_attn.v_proj.bias",
                  lambda x: x.reshape(k, e), lambda x: x.reshape(k * e)),
             ]
+        if cfg.out_bias:
+            out.append((("layers", i, "attn", "o_bias"), p + "self_attn.o_proj.bias", lambda x: x, lambda x: x))
+        if cfg.qk_norm:
+            out += [(("layers", i, "attn", "q_norm", "scale"), p + "self_attn.q_norm.weight", lambda x: x, lambda x: x),
+                    (("layers", i, "attn", "k_norm", "scale"), p + "self_attn.k_norm.weight", lambda x: x, lambda x: x)]
     return out
 
 
@@ -82,10 +92,38 @@ def _set(tree, path, value):
     tree[path[-1]] = value
 
 
+def check_no_unmapped(cfg: ModelConfig, names: Iterable[str], fetch: Callable[[str], np.ndarray | None], *,
+                      source: str) -> None:
+    """Refuse a checkpoint holding tensors the model has no place for (e.g. biases of a switch we do
+    not read), rather than run a different model than the one saved. Skipped by name: transformers'
+    RoPE buffers, and lm_head.weight of a tied model when it is a copy of the embedding."""
+    mapped = {name for _, name, _, _ in weight_map(cfg)}
+    unmapped = sorted(n for n in names if n not in mapped and not n.endswith(_IGNORED_SUFFIXES))
+    if cfg.tie_embeddings and "lm_head.weight" in unmapped:
+        head, embed = fetch("lm_head.weight"), fetch("model.embed_tokens.weight")
+        if head is not None and embed is not None and np.array_equal(np.asarray(head), np.asarray(embed)):
+            unmapped.remove("lm_head.weight")
+        else:
+            raise CheckpointError(f"{source}: tie_word_embeddings is true but 'lm_head.weight' differs from "
+                                  f"'model.embed_tokens.weight'")
+    if unmapped:
+        shown = ", ".join(repr(n) for n in unmapped[:5]) + (", ..." if len(unmapped) > 5 else "")
+        raise CheckpointError(f"{source}: {len(unmapped)} tensor(s) the {cfg.architecture} config has no place "
+                              f"for (they would be dropped): {shown}")
+
+
 def build_model(cfg: ModelConfig, hf_arrays: Mapping[str, np.ndarray] | Callable[[str], np.ndarray | None], *,
-                source: str, mesh: Mesh | None = None, rules=DEFAULT_RULES) -> Transformer:
-    """A Transformer whose parameters come from HF-named host arrays, placed with `mesh` if given."""
+                source: str, mesh: Mesh | None = None, rules=DEFAULT_RULES,
+                names: Iterable[str] | None = None) -> Transformer:
+    """A Transformer whose parameters come from HF-named host arrays, placed with `mesh` if given.
+
+    Every tensor of the checkpoint (a Mapping's keys, or `names` beside a fetch function) must be one
+    the model uses: see `check_no_unmapped`."""
     fetch = hf_arrays if callable(hf_arrays) else hf_arrays.get
+    if names is None and not callable(hf_arrays):
+        names = hf_arrays.keys()
+    if names is not None:
+        check_no_unmapped(cfg, names, fetch, source=source)
     graphdef, abstract = nnx.split(abstract_model(cfg))
     pure = nnx.to_pure_dict(abstract)
     shardings = state_shardings(abstract, mesh, rules) if mesh is not None else None
@@ -148,7 +186,7 @@ def load_hf_folder(folder: str | Path, *, mesh: Mesh | None = None, rules=DEFAUL
         with safe_open(str(where[name]), framework="numpy") as fh:
             return fh.get_tensor(name)
 
-    return build_model(cfg, fetch, source=str(folder), mesh=mesh, rules=rules), cfg
+    return build_model(cfg, fetch, source=str(folder), mesh=mesh, rules=rules, names=where), cfg
 
 
 def export_hf_folder(model: Transformer, folder: str | Path, *, tokenizer=None, dtype: str | None = None) -> Path:

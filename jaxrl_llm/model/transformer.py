@@ -1,4 +1,4 @@
-"""Decoder-only transformer (Llama / Qwen2 / Mistral) in flax.nnx.
+"""Decoder-only transformer (Llama / Qwen2 / Qwen3 / Mistral) in flax.nnx.
 
 Every parameter carries `logical_axes` metadata (names from parallel/rules.py) so sharding is
 decided by one rule table, never here. Softmax, RoPE, norms' statistics and logits are float32
@@ -8,7 +8,7 @@ Shapes in names: B batch, T new tokens, S cache slots (or keys), D model width, 
 G = H // K query heads per kv head, E head dim, F mlp width, V vocabulary.
 
 The KV cache holds one slot per position: a token at position p is written to slot p, so a
-query at position p attends to slots <= p (and > p - window for sliding-window models). Rows of
+query at position p attends to slots <= p (and > p - window in sliding-window layers). Rows of
 one batch may sit at different positions; that is how right-padded prompts of varied lengths
 decode together and why a padded row computes what it would alone.
 """
@@ -16,9 +16,11 @@ decode together and why a padded row computes what it would alone.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jaxrl_llm.model.config import ModelConfig
@@ -63,10 +65,29 @@ class RMSNorm(nnx.Module):
         return self.scale[...] * y.astype(x.dtype)
 
 
-def rope_angles(positions_BT, head_dim: int, theta: float):
+def rope_inv_freq(head_dim: int, theta: float, scaling=None) -> np.ndarray:
+    """Inverse frequencies [E/2] (float32, as transformers computes them), with `llama3` scaling when
+    `scaling` (ModelConfig.rope_scaling) says so: low frequencies divided by `factor`, high ones kept,
+    a smooth blend between (transformers' _compute_llama3_parameters)."""
+    inv_freq = 1.0 / (np.float32(theta) ** (np.arange(0, head_dim, 2).astype(np.float32) / np.float32(head_dim)))
+    inv_freq = inv_freq.astype(np.float32)
+    if not scaling:
+        return inv_freq
+    p = dict(scaling)
+    assert p["rope_type"] == "llama3", p  # ModelConfig refuses the others
+    factor, low, high = p["factor"], p["low_freq_factor"], p["high_freq_factor"]
+    old_len = p["original_max_position_embeddings"]
+    wavelen = (2 * math.pi / inv_freq).astype(np.float32)
+    scaled = np.where(wavelen > old_len / low, inv_freq / factor, inv_freq).astype(np.float32)
+    smooth = ((old_len / wavelen - low) / (high - low)).astype(np.float32)
+    smoothed = ((1 - smooth) * scaled / factor + smooth * scaled).astype(np.float32)
+    medium = ~(wavelen < old_len / high) & ~(wavelen > old_len / low)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def rope_angles(positions_BT, head_dim: int, theta: float, scaling=None):
     """(cos, sin) [B, T, 1, E/2] in float32, computed once per forward and shared by all layers."""
-    half = head_dim // 2
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2.0 / head_dim))
+    inv_freq = jnp.asarray(rope_inv_freq(head_dim, theta, scaling))
     angles_BTh = positions_BT.astype(jnp.float32)[..., None] * inv_freq
     return jnp.cos(angles_BTh)[:, :, None, :], jnp.sin(angles_BTh)[:, :, None, :]
 
@@ -82,11 +103,12 @@ def rope(x_BTNE, cos_sin):
 
 
 class Attention(nnx.Module):
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, layer: int = 0):
         d, h, k, e = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         dt = jnp.dtype(cfg.param_dtype)
         init = nnx.initializers.normal(0.02)
         self.cfg = cfg
+        self.window = cfg.layer_window(layer)  # Qwen2/3 slide in some layers only
         self.q = _param(init, rngs.params(), (d, h, e), dt, ("embed", "heads", "head_dim"))
         self.k = _param(init, rngs.params(), (d, k, e), dt, ("embed", "kv_heads", "head_dim"))
         self.v = _param(init, rngs.params(), (d, k, e), dt, ("embed", "kv_heads", "head_dim"))
@@ -96,6 +118,11 @@ class Attention(nnx.Module):
             self.q_bias = _param(zeros, rngs.params(), (h, e), dt, ("heads", "head_dim"))
             self.k_bias = _param(zeros, rngs.params(), (k, e), dt, ("kv_heads", "head_dim"))
             self.v_bias = _param(zeros, rngs.params(), (k, e), dt, ("kv_heads", "head_dim"))
+        if cfg.out_bias:
+            self.o_bias = _param(nnx.initializers.zeros, rngs.params(), (d,), dt, ("embed",))
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(e, cfg.rms_norm_eps, dt)
+            self.k_norm = RMSNorm(e, cfg.rms_norm_eps, dt)
 
     def __call__(self, x_BTD, positions_BT, cos_sin, cache_kv):
         cfg = self.cfg
@@ -104,6 +131,8 @@ class Attention(nnx.Module):
         v = jnp.einsum("btd,dke->btke", x_BTD, self.v[...])
         if cfg.attention_bias:
             q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
+        if cfg.qk_norm:  # Qwen3: per head, after the projection's bias, before RoPE
+            q, k = self.q_norm(q), self.k_norm(k)
         q = rope(q, cos_sin)
         k = rope(k, cos_sin)
 
@@ -125,13 +154,15 @@ class Attention(nnx.Module):
         scores = scores * (e ** -0.5)
         qpos_BQ = jnp.repeat(positions_BT, g, axis=1)
         allowed_BQS = key_pos_BS[:, None, :] <= qpos_BQ[:, :, None]
-        if cfg.sliding_window:
-            allowed_BQS &= key_pos_BS[:, None, :] > qpos_BQ[:, :, None] - cfg.sliding_window
+        if self.window:
+            allowed_BQS &= key_pos_BS[:, None, :] > qpos_BQ[:, :, None] - self.window
         scores = jnp.where(allowed_BQS[:, None], scores, _NEG_INF)
         probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
         out = jnp.einsum("bkqs,bkse->bkqe", probs, values)
         out = out.reshape(b, kh, t, g, e).transpose(0, 2, 1, 3, 4).reshape(b, t, h, e)
         y = jnp.einsum("bthe,hed->btd", out, self.o[...])
+        if cfg.out_bias:
+            y = y + self.o_bias[...]
         return y, (None if cache_kv is None else (keys, values))
 
 
@@ -149,10 +180,10 @@ class MLP(nnx.Module):
 
 
 class Block(nnx.Module):
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, layer: int = 0):
         dt = jnp.dtype(cfg.param_dtype)
         self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dt)
-        self.attn = Attention(cfg, rngs)
+        self.attn = Attention(cfg, rngs, layer)
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dt)
         self.mlp = MLP(cfg, rngs)
 
@@ -168,7 +199,7 @@ class Transformer(nnx.Module):
         self.cfg = cfg
         self.embed = _param(nnx.initializers.normal(0.02), rngs.params(), (cfg.vocab_size, cfg.hidden_size), dt,
                             ("vocab", "embed"))
-        self.layers = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
+        self.layers = nnx.List([Block(cfg, rngs, i) for i in range(cfg.num_layers)])
         self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dt)
         self.remat = False  # recompute each layer's activations in the backward pass (training memory)
         if not cfg.tie_embeddings:
@@ -178,7 +209,7 @@ class Transformer(nnx.Module):
     def __call__(self, tokens_BT, positions_BT, cache: KVCache | None = None):
         """Returns final-normed hidden states [B, T, D] and the updated cache (None without one)."""
         x = jnp.take(self.embed[...], tokens_BT, axis=0)
-        cos_sin = rope_angles(positions_BT, self.cfg.head_dim, self.cfg.rope_theta)
+        cos_sin = rope_angles(positions_BT, self.cfg.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling)
         new_k, new_v = [], []
         for i, layer in enumerate(self.layers):
             layer_cache = None if cache is None else (cache.keys[i], cache.values[i])
