@@ -48,3 +48,25 @@ def test_pool_survives_hangs_and_errors():
         assert pool.stats.timeouts == 2 and pool.stats.errors == 1 and "broken checker" in pool.stats.last_error
         assert elapsed < 10
         assert pool.map([("ok",)] * 4) == [1.0] * 4  # replaced workers serve the next batch
+
+
+def test_gsm_symbolic_keeps_the_minus_sign():
+    import json
+    import reasoning_gym
+    real = reasoning_gym.create_dataset("gsm_symbolic", size=1, seed=0)[0]
+    neg, pos = dict(real, answer="-5"), dict(real, answer="5")
+
+    def ours(entry, text):
+        return score("reasoning_gym:gsm_symbolic", entry["answer"], json.dumps(entry, default=str),
+                     f"<answer>{text}</answer>", "tags")
+
+    assert ours(neg, "-5") == 1.0 and ours(neg, "5") == 0.0
+    assert ours(pos, "5") == 1.0 and ours(pos, "-5") == 0.0
+    assert ours(real, real["answer"]) == 1.0 and ours(real, f"-{real['answer']}") == 0.0
+    # the reason for the replacement: upstream's regex r"\b-?\d+" finds no word boundary before a leading "-"
+    # and reads "-5" as 5
+    upstream = reasoning_gym.get_score_answer_fn("gsm_symbolic")
+    wrong = {"-5 vs -5": upstream("-5", neg), "-5 vs 5": upstream("-5", pos)}
+    assert wrong["-5 vs -5"] < 1.0 or wrong["-5 vs 5"] == 1.0, \
+        f"reasoning-gym's gsm_symbolic scorer now reads negative answers ({wrong}): remove it from " \
+        "verifiers._MATH_VERIFY_INSTEAD"

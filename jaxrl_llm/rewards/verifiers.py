@@ -11,6 +11,11 @@ import re
 _TAGS = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?")
 
+# reasoning-gym data sets whose own scorer gives wrong rewards, scored with math-verify against the entry's
+# answer instead. gsm_symbolic: its regex r"\b-?\d+" finds no word boundary before a leading "-", so it reads
+# "-5" as 5 (a right negative answer scores 0.01, "-5" scores 1 against 5); test_rewards notices a fix upstream.
+_MATH_VERIFY_INSTEAD = frozenset({"gsm_symbolic"})
+
 
 def _boxed(text: str) -> str | None:
     start = text.rfind("\\boxed{")
@@ -42,18 +47,24 @@ def render_answer(answer: str, fmt: str) -> str:
     return {"tags": f"<answer>{answer}</answer>", "boxed": f"\\boxed{{{answer}}}"}.get(fmt, answer)
 
 
+def _math_verify(gold: str, extracted: str) -> float:
+    from math_verify import parse, verify
+
+    return float(bool(verify(parse(f"${gold}$"), parse(f"${extracted}$"))))
+
+
 def score(scorer: str, answer: str, entry_json: str, response: str, fmt: str) -> float:
     extracted = extract_answer(response, fmt)
     if extracted is None:
         return 0.0
     if scorer.startswith("reasoning_gym:"):
+        name = scorer.split(":", 1)[1]
+        if name in _MATH_VERIFY_INSTEAD:
+            return _math_verify(str(json.loads(entry_json)["answer"]), extracted)
         import reasoning_gym
 
-        fn = reasoning_gym.get_score_answer_fn(scorer.split(":", 1)[1])
+        fn = reasoning_gym.get_score_answer_fn(name)
         return float(fn(extracted, json.loads(entry_json)))
     if scorer == "math":
-        from math_verify import parse, verify
-
-        gold = parse(f"${answer}$")
-        return float(bool(verify(gold, parse(f"${extracted}$"))))
+        return _math_verify(answer, extracted)
     return float(extracted.strip().lower() == answer.strip().lower())

@@ -32,11 +32,24 @@ def _filter_top_k_top_p(logp_BV, top_k_B, top_p_B):
     k = jnp.where(top_k_B > 0, jnp.minimum(top_k_B, vocab), vocab)
     in_k = jnp.arange(vocab)[None, :] < k[:, None]
     probs = jnp.where(in_k, jnp.exp(sorted_BV), 0.0)
-    probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
-    mass_before = jnp.cumsum(probs, axis=-1) - probs
-    n_keep = jnp.maximum(jnp.sum(in_k & (mass_before < top_p_B[:, None]), axis=-1), 1)
+    # "mass before token i < top_p" is tested as "mass from token i on > (1 - top_p) * total", the mass
+    # summed smallest first: a float32 running sum from the top cannot resolve the last 6e-8 below 1.0 and
+    # its rounding reaches 1.0 (or top_p) early, cutting thousands of tail tokens of a 49k vocabulary
+    mass_from_BV = jax.lax.cumsum(probs, axis=1, reverse=True)
+    tail_B = (1.0 - top_p_B) * mass_from_BV[:, 0]
+    in_p = (top_p_B[:, None] >= 1.0) | (mass_from_BV > tail_B[:, None])
+    n_keep = jnp.maximum(jnp.sum(in_k & in_p, axis=-1), 1)
     cut_B = jnp.take_along_axis(sorted_BV, (n_keep - 1)[:, None], axis=-1)[:, 0]
     return jnp.where(logp_BV >= cut_B[:, None], logp_BV, _NEG_INF)
+
+
+def support_logprobs(logp_BV, top_k_B, top_p_B):
+    """The log-probs each row draws from: filtered where the row asks for it, untouched otherwise, so a
+    row samples the same tokens whatever rows share its batch."""
+    unfiltered_B = (top_k_B <= 0) & (top_p_B >= 1.0)
+    # batches where no row filters (the default) skip the sort
+    filtered = jax.lax.cond(jnp.all(unfiltered_B), lambda lp, *_: lp, _filter_top_k_top_p, logp_BV, top_k_B, top_p_B)
+    return jnp.where(unfiltered_B[:, None], logp_BV, filtered)
 
 
 def argmax_last(x_BV):
@@ -50,8 +63,7 @@ def argmax_last(x_BV):
 def choose_tokens(logits_BV, temperature_B, top_p_B, top_k_B, keys_B):
     """Returns (token [B] int32, tempered log-prob [B] f32, tempered entropy [B] f32)."""
     logp = tempered_logprobs(logits_BV, temperature_B)
-    needs_filter = jnp.any((top_k_B > 0) | (top_p_B < 1.0))
-    support = jax.lax.cond(needs_filter, _filter_top_k_top_p, lambda lp, *_: lp, logp, top_k_B, top_p_B)
+    support = support_logprobs(logp, top_k_B, top_p_B)
     greedy = argmax_last(logits_BV)
 
     def draw(support):
