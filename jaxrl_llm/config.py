@@ -75,10 +75,13 @@ class AlgoSection:
     dual_clip: float = 3.0
     loss_agg: str = "token-mean"
     kl_coef: float = 0.0
-    kl_estimator: str = "k3"
+    kl_estimator: str = "k3"  # k3 | k2 (loss terms whose gradient pulls toward the reference; k1 is refused)
     ppo_epochs: int = 1
     minibatches: int = 1
     micro_batch: int = 16  # rows per gradient-accumulation slice
+    # true: old log-probs come from the trainer's own forward pass (one extra forward per step) instead of
+    # the sampler's, so the first update's ratio is exactly 1 even when sampler and trainer numerics differ
+    recompute_old_logp: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,6 +162,13 @@ CHOICES = {
     "optim.schedule": ("constant", "cosine"),
 }
 
+# Values that were once accepted, or that users expect, refused with the reason.
+REFUSED = {
+    ("algo.kl_estimator", "k1"): "k1 (logp - ref_logp) as a loss term has gradient kl_coef * grad logp, zero in "
+                                 "expectation on-policy, so it never pulls toward the reference; use k2 (the "
+                                 "true KL's gradient) or k3 (low-variance, non-negative)",
+}
+
 
 def _build(cls, raw: Any, where: str, source: str):
     if not isinstance(raw, dict):
@@ -178,6 +188,8 @@ def _build(cls, raw: Any, where: str, source: str):
             kwargs[key] = _build(typ, value or {}, dotted, source)
         else:
             kwargs[key] = _coerce(value, typ, dotted, source)
+            if isinstance(kwargs[key], str) and (dotted, kwargs[key]) in REFUSED:
+                raise ConfigError(f"{source}: '{dotted}' is {kwargs[key]!r}: {REFUSED[dotted, kwargs[key]]}")
             if dotted in CHOICES and kwargs[key] not in CHOICES[dotted]:
                 raise ConfigError(f"{source}: '{dotted}' is {kwargs[key]!r}; choose from {CHOICES[dotted]}")
     return cls(**kwargs)

@@ -147,7 +147,109 @@ def test_kl_is_zero_against_itself_and_k3_by_hand():
     ref = jnp.asarray([[-1.5, -2.0]])
     d = -0.5
     np.testing.assert_allclose(np.asarray(kl_penalty(logp, ref, "k3"))[0], [np.exp(d) - d - 1, 0.0], atol=1e-7)
-    np.testing.assert_allclose(np.asarray(kl_penalty(logp, ref, "k1"))[0], [0.5, 0.0], atol=1e-7)
+    np.testing.assert_allclose(np.asarray(kl_penalty(logp, ref, "k2"))[0], [0.125, 0.0], atol=1e-7)
+
+
+def test_k1_as_a_loss_is_refused_with_the_reason():
+    from jaxrl_llm.config import ConfigError, load_config
+    with pytest.raises(ConfigError, match=r"'algo.kl_estimator' is 'k1': .*zero in expectation on-policy.*use k2"):
+        load_config(None, ["algo.kl_estimator=k1", "algo.kl_coef=0.1"])
+
+
+@pytest.mark.parametrize("estimator", ["k2", "k3"])
+def test_kl_term_alone_pulls_the_policy_toward_the_reference(tiny_model, estimator):
+    """Zero advantages, a reference that differs from the policy: one update with the KL term moves the
+    policy's log-probs toward the reference's; without the term (kl_coef 0) nothing moves."""
+    from jaxrl_llm.rl.update import make_logprobs
+    mesh = make_mesh({"data": 1}, devices=jax.devices()[:1])
+    graphdef, state = nnx.split(tiny_model)
+    noise = jax.tree.map(lambda x: 0.3 * jax.random.normal(jax.random.key(7), x.shape, x.dtype) * jnp.std(x), state)
+    ref = shard_state(jax.tree.map(jnp.add, state, noise), mesh)
+    batch = _batch(tiny_model.cfg)
+    batch["advantages"][:] = 0.0
+    logprobs = make_logprobs(graphdef, "float32", ref, mesh, rows=16)
+    mask = batch["loss_mask"] & batch["valid"][:, None]
+    ref_logp = np.asarray(logprobs(ref, batch["tokens"], batch["temperature"]))
+
+    def distance_after_one_step(kl_coef):
+        params = shard_state(jax.tree.map(jnp.copy, state), mesh)
+        opt = optax.inject_hyperparams(optax.sgd)(learning_rate=0.005)
+        opt_state = init_optimizer(opt, params, mesh)
+        update = make_update(graphdef, UpdateSpec(use_kl=True, kl_estimator=estimator), opt, params, opt_state,
+                             mesh, rows=16)
+        before = np.asarray(logprobs(params, batch["tokens"], batch["temperature"]))
+        params, _, m = update(params, opt_state, batch, {**COEFS, "kl_coef": kl_coef}, ref)
+        after = np.asarray(logprobs(params, batch["tokens"], batch["temperature"]))
+        dist = lambda lp: float(np.abs(lp - ref_logp)[mask].mean())  # noqa: E731
+        return dist(before), dist(after), float(m["kl"])
+
+    start, pulled, kl = distance_after_one_step(1.0)
+    assert start > 0.05 and kl > 1e-3, (start, kl)  # the reference really differs
+    assert pulled < 0.9 * start, (start, pulled)
+    same, unmoved, _ = distance_after_one_step(0.0)
+    assert unmoved == pytest.approx(same, abs=1e-6)
+
+
+def test_warmup_starts_above_zero_and_lr_metric_is_the_rate_used(tiny_model):
+    """The first update of a warmed-up schedule changes the weights, and the reported rate is the one
+    that update applied (SGD: the step is lr * grad, so parameter change / grad = reported lr)."""
+    from jaxrl_llm.rl.update import lr_schedule
+    mesh = make_mesh({"data": 1}, devices=jax.devices()[:1])
+    graphdef, state = nnx.split(tiny_model)
+    params = shard_state(jax.tree.map(jnp.copy, state), mesh)
+    opt = optax.inject_hyperparams(optax.sgd)(learning_rate=lr_schedule(0.4, warmup_steps=2))
+    opt_state = init_optimizer(opt, params, mesh)
+    update = make_update(graphdef, UpdateSpec(), opt, params, opt_state, mesh, rows=16)
+    grad_probe = make_update(graphdef, UpdateSpec(), optax.sgd(1.0), params, init_optimizer(optax.sgd(1.0), params, mesh),
+                             mesh, rows=16)
+    reported = []
+    for s in range(3):
+        batch = _batch(tiny_model.cfg, seed=s)
+        before = jax.device_get(nnx.to_pure_dict(params))
+        probe_params = shard_state(jax.tree.map(jnp.copy, params), mesh)
+        unit, _, _ = grad_probe(probe_params, init_optimizer(optax.sgd(1.0), probe_params, mesh), batch, COEFS)
+        params, opt_state, m = update(params, opt_state, batch, COEFS)
+        step = jax.tree.leaves(jax.tree.map(lambda a, b: a - b, jax.device_get(nnx.to_pure_dict(params)), before))
+        unit_step = jax.tree.leaves(jax.tree.map(lambda a, b: a - b, jax.device_get(nnx.to_pure_dict(unit)), before))
+        ratio = sum(float(np.vdot(a, b)) for a, b in zip(step, unit_step)) / \
+            sum(float(np.vdot(b, b)) for b in unit_step)
+        assert ratio == pytest.approx(float(m["lr"]), rel=1e-3), (s, ratio, float(m["lr"]))
+        reported.append(float(m["lr"]))
+    assert reported == pytest.approx([0.2, 0.4, 0.4])
+
+
+def test_cosine_schedule_by_hand():
+    from jaxrl_llm.rl.update import lr_schedule
+    rate = lr_schedule(1.0, warmup_steps=4, schedule="cosine", total_steps=12)
+    got = [float(rate(c)) for c in (0, 3, 4, 8, 12, 20)]
+    assert got == pytest.approx([0.25, 1.0, 1.0, 0.5, 0.0, 0.0], abs=1e-6)
+
+
+def test_sampler_logprobs_are_the_trainers_at_the_same_positions(tiny_model, tiny_sampler):
+    """Rows sampled by the real sampler (mixed temperatures and lengths, stops) go through the update's
+    log-prob pass: the gap is ~0 and no token clips. Shifting old log-probs by one position, the kind
+    of off-by-one this guards against, gives a large gap."""
+    sampler, state = tiny_sampler
+    rng = np.random.RandomState(0)
+    prompts = [list(rng.randint(1, 96, size=n)) for n in (3, 9, 5, 14, 7, 2, 11, 6) * 2]
+    temps = np.tile([0.0, 0.6, 1.0, 1.4], 4).astype(np.float32)
+    out = sampler(state, prompts, max_new_tokens=rng.randint(4, 20, size=16), temperature=temps,
+                  key=jax.random.key(3))
+    batch = {"tokens": out.tokens, "loss_mask": out.response_mask, "old_logp": out.logprobs,
+             "advantages": rng.randn(16).astype(np.float32), "temperature": out.temperature,
+             "valid": np.ones(16, bool)}
+    mesh = make_mesh({"data": 1}, devices=jax.devices()[:1])
+    graphdef, params = nnx.split(tiny_model)
+    params = shard_state(jax.tree.map(jnp.copy, params), mesh)
+    opt = optax.sgd(0.0)
+    update = make_update(graphdef, UpdateSpec(), opt, params, init_optimizer(opt, params, mesh), mesh, rows=16)
+    _, _, m = update(params, init_optimizer(opt, params, mesh), batch, COEFS)
+    assert out.response_mask.sum() > 100
+    assert float(m["logp_gap"]) < 1e-5 and float(m["clip_low"]) == 0 and float(m["clip_high"]) == 0, m
+    shifted = {**batch, "old_logp": np.roll(out.logprobs, 1, axis=1)}
+    params = shard_state(jax.tree.map(jnp.copy, nnx.state(tiny_model)), mesh)
+    _, _, m = update(params, init_optimizer(opt, params, mesh), shifted, COEFS)
+    assert float(m["logp_gap"]) > 0.3 and float(m["clip_low"]) + float(m["clip_high"]) > 0.05, m
 
 
 @pytest.mark.parametrize("variant", ["kl", "remat", "bf16"])
@@ -162,8 +264,8 @@ def test_update_variants_agree_with_the_plain_update(tiny_model, variant):
     def one_step(spec, graphdef, coefs, ref=None):
         params = shard_state(jax.tree.map(jnp.copy, state), mesh)
         opt_state = init_optimizer(opt, params, mesh)
-        update = make_update(graphdef, spec, opt, params, opt_state, mesh, rows=16, ref_params=ref)
-        params, _, metrics = update(params, opt_state, batch, coefs)
+        update = make_update(graphdef, spec, opt, params, opt_state, mesh, rows=16)
+        params, _, metrics = update(params, opt_state, batch, coefs, ref)
         return jax.device_get(nnx.to_pure_dict(params)), jax.device_get(metrics)
 
     plain_params, plain = one_step(UpdateSpec(), graphdef, COEFS)

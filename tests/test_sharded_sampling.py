@@ -31,7 +31,9 @@ def test_sharded_sampling_equals_single_device(tiny_model, tiny_sampler, mesh_sh
     got = mesh_sampler(sharded, PROMPTS, **kwargs)
     for i in range(len(PROMPTS)):
         assert got.generated(i) == ref.generated(i)
-        np.testing.assert_allclose(got.logprobs[i], ref.logprobs[i], atol=1e-5)
+        # sharded matmuls sum in another order: float32 noise, relative to the value (rows at T = 0.2
+        # have tempered log-probs of tens; one of 512 differed by 1.5e-5 = 6e-6 relative)
+        np.testing.assert_allclose(got.logprobs[i], ref.logprobs[i], rtol=1e-5, atol=1e-5)
 
 
 def test_rule_table_shards_the_expected_axes():

@@ -1,6 +1,10 @@
 """The training run end to end on tiny models: configs, resume, reward rising, bad input."""
 
 import json
+import os
+import re
+import signal
+import time
 from pathlib import Path
 
 import jax
@@ -81,52 +85,206 @@ def test_compilations_stay_flat_after_warmup_and_final_policy_exports(tmp_path):
     assert load_tokenizer(final).eos_token == "<|im_end|>"
 
 
-def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
-    import signal
+def _spawn_train(tmp_path, cfg):
     import subprocess
     import sys
-    import time
     import yaml
-    cfg = _tiny_cfg(tmp_path, "train.steps=400", "train.checkpoint_every=1000")
-    config = tmp_path / "run.yaml"
+    config = tmp_path / f"run-{time.monotonic_ns()}.yaml"
     config.write_text(yaml.safe_dump(cfg.to_dict()))
-    metrics = Path(cfg.train.out_dir) / "metrics.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "jaxrl_llm.cli", "train", "--config", str(config)],
+    return subprocess.Popen([sys.executable, "-m", "jaxrl_llm.cli", "train", "--config", str(config)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 240
+
+
+def _wait_for_row(proc, metrics: Path, pattern: str, timeout: float = 240):
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
-        if metrics.exists() and '"kind": "train"' in metrics.read_text():
-            break
-        time.sleep(0.5)
+        if metrics.exists() and pattern in metrics.read_text():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"no {pattern!r} row in {metrics} (process exit {proc.poll()})")
+
+
+def test_sigterm_during_rl_saves_a_checkpoint_and_exits_cleanly(tmp_path):
+    cfg = _tiny_cfg(tmp_path, "train.steps=400", "train.checkpoint_every=1000")
+    metrics = Path(cfg.train.out_dir) / "metrics.jsonl"
+    proc = _spawn_train(tmp_path, cfg)
+    _wait_for_row(proc, metrics, '"kind": "train"')
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out[-2000:]
     last = max(json.loads(ln)["step"] for ln in metrics.read_text().splitlines())
-    assert 1 <= last < 400 and f"stopped by signal after step {last}" in out
+    assert 1 <= last < 400 and f"stopped by signal; saved RL step {last} to " in out, out[-2000:]
     run = Run(cfg, log=lambda *a: None)
     assert run.try_resume() and run.step == last
 
 
-def test_resume_matches_an_uninterrupted_run(tmp_path):
-    whole = _tiny_cfg(tmp_path / "a", "train.steps=4")
-    run = Run(whole, log=lambda *a: None)
+def test_sigterm_during_sft_saves_sft_progress_and_resume_does_not_redo_it(tmp_path):
+    """A signal in the SFT warm start leaves a checkpoint of the SFT step reached; the resumed run
+    continues from that step (no second pre-SFT evaluation, no SFT step repeated) and goes on to RL."""
+    cfg = _tiny_cfg(tmp_path, "sft.steps=100000", "sft.batch_size=16", "train.steps=2")
+    metrics = Path(cfg.train.out_dir) / "metrics.jsonl"
+    proc = _spawn_train(tmp_path, cfg)
+    _wait_for_row(proc, metrics, '"kind": "sft"')
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out[-2000:]
+    found = re.search(r"stopped by signal; saved SFT step (\d+)/100000 \(policy and SFT optimizer state\)", out)
+    assert found, out[-2000:]
+    reached = int(found.group(1))
+    assert reached >= 10 and (Path(cfg.train.out_dir) / "sft_checkpoints" / str(reached)).is_dir()
+    logs = []
+    more = _tiny_cfg(tmp_path, f"sft.steps={reached + 10}", "sft.batch_size=16", "train.steps=2")
+    run = Run(more, log=logs.append)
     run.train()
-    ref_params = jax.device_get(nnx.to_pure_dict(run.params))
+    assert any(f"resumed from {tmp_path / 'run' / 'sft_checkpoints'}/{reached} (SFT step {reached}/" in ln
+               for ln in logs), logs
+    rows = [json.loads(ln) for ln in metrics.read_text().splitlines()]
+    kinds = [r["kind"] for r in rows]
+    assert kinds.count("eval_before_sft") == 1 and kinds.count("train") == 2
+    sft_steps = [r["step"] for r in rows if r["kind"] == "sft"]
+    end = reached + 10
+    assert sft_steps == [s for s in range(1, end + 1) if s % 10 == 0 or s == end], sft_steps  # each once
+    assert run.sft_step == reached + 10 and run.stage == "rl" and run.step == 2
 
-    first = _tiny_cfg(tmp_path / "b", "train.steps=2")
-    Run(first, log=lambda *a: None).train()
-    resumed = Run(_tiny_cfg(tmp_path / "b", "train.steps=4"), log=lambda *a: None)
-    resumed.train()
-    assert resumed.step == 4
-    a, b = _train_rows(whole.train.out_dir), _train_rows(first.train.out_dir)
-    assert sorted(b) == [1, 2, 3, 4]
-    for step in (3, 4):
+
+def test_kl_reference_is_the_policy_at_the_start_of_rl(tmp_path):
+    """With an SFT warm start and kl_coef > 0, the first update's KL is that of the policy to itself:
+    the reference is taken after SFT, not at build time (a random model for `scratch`)."""
+    cfg = _tiny_cfg(tmp_path, "sft.steps=20", "sft.batch_size=16", "algo.kl_coef=0.1", "train.steps=1")
+    run = Run(cfg, log=lambda *a: None)
+    initial = jax.device_get(nnx.to_pure_dict(run.params))
+    run.train()
+    moved = max(float(np.abs(a - b).max()) for a, b in
+                zip(jax.tree.leaves(initial), jax.tree.leaves(jax.device_get(nnx.to_pure_dict(run.ref_params)))))
+    assert moved > 1e-2  # the reference is the SFT-ed policy, not the random initialisation
+    assert _train_rows(cfg.train.out_dir)[1]["kl"] < 1e-6
+
+
+def _compare_runs(whole_dir, other_dir, steps, ref_params, params, *, stopped_by_config=False):
+    a, b = _train_rows(whole_dir), _train_rows(other_dir)
+    assert sorted(b) == list(range(1, steps + 1))
+    for step in range(1, steps + 1):
         assert a[step].keys() == b[step].keys()
         for k, v in a[step].items():
             want = pytest.approx(v, rel=1e-5, abs=1e-6) if isinstance(v, float) else v
             assert b[step][k] == want, (step, k)
+
+    def kinds(d):
+        rows = [(r["kind"], r["step"]) for r in map(json.loads, (Path(d) / "metrics.jsonl").read_text().splitlines())]
+        # a run ended by train.steps=2 evaluates at its last step, which the longer run does not
+        return [r for r in rows if r != ("eval", 2)] if stopped_by_config else rows
+
+    assert kinds(whole_dir) == kinds(other_dir)  # SFT and evaluation rows kept, none repeated
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6), ref_params,
-                 jax.device_get(nnx.to_pure_dict(resumed.params)))
+                 jax.device_get(nnx.to_pure_dict(params)))
+
+
+RESUME_EXTRAS = ("sft.steps=20", "sft.batch_size=16", "algo.kl_coef=0.05", "algo.minibatches=2",
+                 "algo.micro_batch=16", "train.async_checkpoint=true", "eval.every=3")
+
+
+def test_resume_matches_an_uninterrupted_run(tmp_path):
+    """SFT -> RL with a KL reference, two minibatches per step and asynchronous checkpoints: stopped
+    cleanly after step 2, or killed with SIGKILL in the middle of the run, the resumed run equals the
+    uninterrupted one (every metric, every row of metrics.jsonl of every kind, every parameter)."""
+    steps = 6
+    whole = _tiny_cfg(tmp_path / "a", f"train.steps={steps}", *RESUME_EXTRAS)
+    run = Run(whole, log=lambda *a: None)
+    run.train()
+    ref_params = jax.device_get(nnx.to_pure_dict(run.params))
+
+    Run(_tiny_cfg(tmp_path / "b", "train.steps=2", *RESUME_EXTRAS), log=lambda *a: None).train()
+    resumed = Run(_tiny_cfg(tmp_path / "b", f"train.steps={steps}", *RESUME_EXTRAS), log=lambda *a: None)
+    resumed.train()
+    assert resumed.step == steps
+    _compare_runs(whole.train.out_dir, tmp_path / "b" / "run", steps, ref_params, resumed.params,
+                  stopped_by_config=True)
+
+    killed = _tiny_cfg(tmp_path / "c", f"train.steps={steps}", *RESUME_EXTRAS)
+    proc = _spawn_train(tmp_path, killed)
+    _wait_for_row(proc, Path(killed.train.out_dir) / "metrics.jsonl", '"step": 3, "kind": "train"')
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    logs = []
+    again = Run(killed, log=logs.append)
+    again.train()
+    assert any("resumed from" in ln for ln in logs) and again.step == steps
+    _compare_runs(whole.train.out_dir, killed.train.out_dir, steps, ref_params, again.params)
+
+
+def test_damaged_newest_checkpoint_falls_back_to_an_intact_one(tmp_path):
+    cfg = _tiny_cfg(tmp_path, "train.steps=4")
+    Run(cfg, log=lambda *a: None).train()
+    ckpts = Path(cfg.train.out_dir) / "checkpoints"
+    assert sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit()) == [0, 2, 4]
+
+    def damage(step):
+        files = [f for f in (ckpts / str(step) / "arrays").rglob("*") if f.is_file() and f.stat().st_size > 64]
+        assert files
+        for f in files:
+            os.truncate(f, f.stat().st_size // 2)
+
+    damage(4)
+    logs = []
+    run = Run(_tiny_cfg(tmp_path, "train.steps=6"), log=logs.append)
+    assert run.try_resume() and run.step == 2
+    assert any(f"checkpoint {ckpts}/4 is damaged" in ln for ln in logs), logs
+    assert (ckpts.parent / "checkpoints.damaged" / "4").is_dir() and not (ckpts / "4").exists()
+    run.train()  # goes on from step 2 and saves new checkpoints 4 and 6
+    assert run.step == 6 and (ckpts / "6").is_dir()
+    assert sorted(_train_rows(cfg.train.out_dir)) == list(range(1, 7))
+
+    for step in (2, 4, 6):
+        damage(step)
+    from jaxrl_llm.train.checkpoint import CheckpointDamagedError
+    with pytest.raises(CheckpointDamagedError, match=r"no intact checkpoint \(damaged: 6, 4, 2"):
+        Run(_tiny_cfg(tmp_path, "train.steps=8"), log=lambda *a: None).try_resume()
+
+
+def test_sampler_uses_the_models_context_length(tmp_path):
+    from jaxrl_llm.sampling.sampler import PromptTooLongError
+    run = Run(_tiny_cfg(tmp_path, "train.steps=1"), log=lambda *a: None)
+    assert run.sampler.max_cache_len == 96  # model.scratch.max_position_embeddings
+    with pytest.raises(PromptTooLongError, match="cache of 96"):
+        run.sampler(run.params, [[5] * 96], max_new_tokens=4)
+
+
+def test_bf16_sampling_follows_the_trainers_numbers(tmp_path):
+    """bf16 compute: the sampler samples with the weights in the compute dtype, so the first update's
+    ratio is ~1; with recompute_old_logp the old log-probs are the trainer's own."""
+    def first_row(*extra):
+        cfg = _tiny_cfg(tmp_path / str(len(extra)), "train.steps=1", "model.compute_dtype=bfloat16",
+                        "algo.micro_batch=64", *extra)
+        Run(cfg, log=lambda *a: None).train()
+        return _train_rows(cfg.train.out_dir)[1]
+
+    sampled = first_row()
+    # sampling with the float32 master weights instead gives 2.5e-4 here
+    assert sampled["logp_gap_sampler_trainer"] < 2e-5, sampled["logp_gap_sampler_trainer"]
+    recomputed = first_row("algo.recompute_old_logp=true")
+    assert recomputed["logp_gap_sampler_trainer"] < 1e-6
+    assert recomputed["logp_gap_sampler_recomputed"] < 2e-5
+    assert recomputed["clip_low"] == 0 and recomputed["clip_high"] == 0
+
+
+def test_eval_leaves_the_recorded_config_and_a_finished_run_says_so(tmp_path, capsys):
+    import yaml
+    from jaxrl_llm.cli import main
+    cfg = _tiny_cfg(tmp_path, "train.steps=2", "train.export_final=true")
+    Run(cfg).train()
+    recorded = (Path(cfg.train.out_dir) / "config.yaml").read_text()
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(cfg.to_dict()))
+    assert main(["eval", "--config", str(config), "eval.size=4"]) == 0
+    assert (Path(cfg.train.out_dir) / "config.yaml").read_text() == recorded
+    assert '"step": 2' in capsys.readouterr().out
+    final = Path(cfg.train.out_dir) / "final" / "model.safetensors"
+    stamp = final.stat().st_mtime_ns
+    logs = []
+    Run(cfg, log=logs.append).train()
+    assert any("is complete: 2 of train.steps=2 RL steps done; final policy in" in ln for ln in logs), logs
+    assert final.stat().st_mtime_ns == stamp  # not exported again
 
 
 def test_checkpoint_of_another_model_shape_is_refused(tmp_path):

@@ -11,7 +11,9 @@ import jax
 import jax.numpy as jnp
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-KL_ESTIMATORS = ("k1", "k3")
+# Only estimators whose gradient pulls the policy toward the reference. k1 (logp - ref_logp) as a loss
+# term has gradient kl_coef * grad logp, zero in expectation on-policy: it is refused (config.py says so).
+KL_ESTIMATORS = ("k2", "k3")
 
 
 def token_logprobs(logits_NLV, targets_NL, temperature_N):
@@ -23,8 +25,13 @@ def token_logprobs(logits_NLV, targets_NL, temperature_N):
 
 
 def kl_penalty(logp_NL, ref_logp_NL, estimator: str):
-    if estimator == "k1":
-        return logp_NL - ref_logp_NL
+    """Per-token KL(pi || ref) estimate on tokens sampled from pi, used as a loss term.
+
+    k2 = (logp - ref)^2 / 2: its gradient (logp - ref) * grad logp is the true KL's gradient on-policy.
+    k3 = exp(ref - logp) - (ref - logp) - 1: unbiased for the KL's value, non-negative, low variance.
+    """
+    if estimator == "k2":
+        return 0.5 * jnp.square(logp_NL - ref_logp_NL)
     if estimator == "k3":
         d = ref_logp_NL - logp_NL
         return jnp.exp(d) - d - 1.0

@@ -12,8 +12,6 @@ at the same positions), advantages, temperature, valid.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 import optax
@@ -39,21 +37,37 @@ class UpdateSpec:
     compute_dtype: str = "float32"
 
 
+def lr_schedule(lr: float, *, warmup_steps: int = 0, schedule: str = "constant", total_steps: int = 1):
+    """Learning rate of update number `count` (0-based). Warmup is linear from lr / warmup_steps, so
+    the first update already learns (a schedule from 0 would waste it); cosine decays to 0 at
+    `total_steps` after the warmup."""
+    warm = max(int(warmup_steps), 0)
+    decay = max(int(total_steps) - warm, 1)
+
+    def rate(count):
+        count = jnp.asarray(count, jnp.float32)
+        factor = jnp.minimum(1.0, (count + 1.0) / warm) if warm else jnp.float32(1.0)
+        if schedule == "cosine":
+            progress = jnp.clip((count - warm) / decay, 0.0, 1.0)
+            factor = factor * 0.5 * (1.0 + jnp.cos(jnp.pi * progress))
+        elif schedule != "constant":
+            raise ValueError(f"unknown schedule {schedule!r}; choose from ('constant', 'cosine')")
+        return lr * factor
+
+    return rate
+
+
 def make_optimizer(lr: float, *, warmup_steps: int = 0, schedule: str = "constant", total_steps: int = 1,
                    weight_decay: float = 0.0, b1: float = 0.9, b2: float = 0.999, max_grad_norm: float = 1.0):
-    if schedule == "cosine":
-        sched = optax.warmup_cosine_decay_schedule(0.0, lr, max(warmup_steps, 1), max(total_steps, warmup_steps + 1))
-    else:
-        sched = optax.join_schedules([optax.linear_schedule(0.0, lr, max(warmup_steps, 1)),
-                                      optax.constant_schedule(lr)], [max(warmup_steps, 1)]) \
-            if warmup_steps else optax.constant_schedule(lr)
+    sched = lr_schedule(lr, warmup_steps=warmup_steps, schedule=schedule, total_steps=total_steps)
     return optax.chain(optax.clip_by_global_norm(max_grad_norm),
                        optax.inject_hyperparams(optax.adamw)(learning_rate=sched, b1=b1, b2=b2,
                                                              weight_decay=weight_decay))
 
 
 def current_lr(opt_state) -> jax.Array:
-    """The learning rate held by an `optax.inject_hyperparams` state inside `opt_state` (NaN if none)."""
+    """The learning rate held by an `optax.inject_hyperparams` state inside `opt_state` (NaN if none).
+    inject_hyperparams stores the rate an update used in the state that update returns."""
     for node in jax.tree.leaves(opt_state, is_leaf=lambda x: hasattr(x, "hyperparams")):
         if hasattr(node, "hyperparams"):
             return node.hyperparams["learning_rate"]
@@ -69,13 +83,17 @@ def _cast(tree, dtype):
     return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
 
 
-def _loss_terms(graphdef, spec: UpdateSpec, params, ref_params, mb, coefs, norms):
-    model = nnx.merge(graphdef, _cast(params, jnp.dtype(spec.compute_dtype)))
-    tokens = mb["tokens"]
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+def _forward_logp(graphdef, compute_dtype: str, params, tokens_NL, temperature_N):
+    """Tempered log-prob [N, L-1] of each token given the ones before it, in the compute dtype."""
+    model = nnx.merge(graphdef, _cast(params, jnp.dtype(compute_dtype)))
+    inputs = tokens_NL[:, :-1]
     positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
     hidden, _ = model(inputs, positions)
-    logp = token_logprobs(model.logits(hidden), targets, mb["temperature"])
+    return token_logprobs(model.logits(hidden), tokens_NL[:, 1:], temperature_N)
+
+
+def _loss_terms(graphdef, spec: UpdateSpec, params, ref_params, mb, coefs, norms):
+    logp = _forward_logp(graphdef, spec.compute_dtype, params, mb["tokens"], mb["temperature"])
     mask = mb["loss_mask"][:, 1:] & mb["valid"][:, None]
     maskf = mask.astype(jnp.float32)
     if spec.mode == "sft":
@@ -89,9 +107,8 @@ def _loss_terms(graphdef, spec: UpdateSpec, params, ref_params, mb, coefs, norms
         gap = jnp.sum(jnp.abs(jax.lax.stop_gradient(logp) - old) * maskf)
     kl = jnp.zeros(())
     if spec.use_kl:
-        ref_model = nnx.merge(graphdef, _cast(ref_params, jnp.dtype(spec.compute_dtype)))
-        ref_hidden, _ = ref_model(inputs, positions)
-        ref_logp = jax.lax.stop_gradient(token_logprobs(ref_model.logits(ref_hidden), targets, mb["temperature"]))
+        ref_logp = jax.lax.stop_gradient(
+            _forward_logp(graphdef, spec.compute_dtype, ref_params, mb["tokens"], mb["temperature"]))
         kl_tok = kl_penalty(logp, ref_logp, spec.kl_estimator)
         loss_tok = loss_tok + coefs["kl_coef"] * kl_tok
         kl = jnp.sum(jax.lax.stop_gradient(kl_tok) * maskf)
@@ -128,7 +145,7 @@ def update_fn(graphdef, spec: UpdateSpec, optimizer, params, opt_state, batch, c
     keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
     denom = jnp.maximum(tokens_total, 1.0)
     metrics = {"loss": loss, "grad_norm": grad_norm, "skipped_nonfinite": 1 - finite.astype(jnp.int32),
-               "lr": current_lr(opt_state), "update_tokens": tokens_total,
+               "lr": current_lr(new_opt), "update_tokens": tokens_total,
                **{k: v / denom for k, v in sums.items()}}
     return keep(new_params, params), keep(new_opt, opt_state), metrics
 
@@ -147,21 +164,39 @@ def shardings_of(tree):
     return jax.tree.map(lambda x: x.sharding, tree)
 
 
-def make_update(graphdef, spec: UpdateSpec, optimizer, params, opt_state, mesh: Mesh, rows: int,
-                ref_params: Any = None):
-    """The jitted update for batches of `rows` rows; params/opt_state must already be placed."""
+def make_update(graphdef, spec: UpdateSpec, optimizer, params, opt_state, mesh: Mesh, rows: int):
+    """The jitted update for batches of `rows` rows; params/opt_state must already be placed.
+
+    The returned `run(params, opt_state, batch, coefs, ref_params=None)` takes the KL reference per
+    call (laid out like the parameters), so the trainer can fix it when RL starts, after any SFT.
+    """
     batch_sh = {k: row_sharding(mesh, rows, 2 if k in ("tokens", "loss_mask", "old_logp") else 1)
                 for k in BATCH_KEYS}
     replicated = NamedSharding(mesh, P())
     param_sh, opt_sh = shardings_of(params), shardings_of(opt_state)
-    in_sh = (param_sh, opt_sh, batch_sh, replicated) + ((shardings_of(ref_params),) if spec.use_kl else ())
+    in_sh = (param_sh, opt_sh, batch_sh, replicated) + ((param_sh,) if spec.use_kl else ())
     step = jax.jit(
         lambda p, o, b, c, *ref: update_fn(graphdef, spec, optimizer, p, o, b, c, ref[0] if ref else None),
         in_shardings=in_sh, out_shardings=(param_sh, opt_sh, replicated), donate_argnums=(0, 1))
 
-    def run(params, opt_state, batch, coefs):
+    def run(params, opt_state, batch, coefs, ref_params=None):
+        if spec.use_kl and ref_params is None:
+            raise ValueError("this update has a KL term (kl_coef > 0): pass ref_params")
         batch = {k: jax.device_put(batch[k], batch_sh[k]) for k in BATCH_KEYS}
         coefs = {k: jnp.asarray(v, jnp.float32) for k, v in coefs.items()}
         return step(params, opt_state, batch, coefs, *((ref_params,) if spec.use_kl else ()))
 
     return run
+
+
+def make_logprobs(graphdef, compute_dtype: str, params, mesh: Mesh, rows: int):
+    """Jitted tempered log-probs [rows, L] of a batch's tokens under `params`, computed exactly as the
+    update's forward computes them (same dtype, same positions), 0 at position 0. Used to recompute
+    old log-probs with the trainer's forward (`algo.recompute_old_logp`)."""
+    tok_sh, row_sh = row_sharding(mesh, rows, 2), row_sharding(mesh, rows, 1)
+
+    def logprobs(p, tokens, temperature):
+        return jnp.pad(_forward_logp(graphdef, compute_dtype, p, tokens, temperature), ((0, 0), (1, 0)))
+
+    fn = jax.jit(logprobs, in_shardings=(shardings_of(params), tok_sh, row_sh), out_shardings=tok_sh)
+    return lambda p, tokens, temperature: fn(p, jax.device_put(tokens, tok_sh), jax.device_put(temperature, row_sh))

@@ -82,7 +82,9 @@ def generate_program(graphdef, state, tokens_BS, context_len_B, max_new_B, tempe
     keys_B = jax.random.wrap_key_data(keys_B)
     batch, slots = tokens_BS.shape
     rows = jnp.arange(batch)
-    cache = KVCache.zeros(model.cfg, batch, slots)
+    # the cache takes the weights' dtype (bf16 weights cast for sampling in the compute dtype give a bf16
+    # cache), so keys and values are rounded as the trainer's forward rounds them
+    cache = KVCache.zeros(model.cfg, batch, slots, dtype=model.embed[...].dtype)
     positions = jnp.broadcast_to(jnp.arange(prefill_len), (batch, prefill_len))
     hidden, cache = model(tokens_BS[:, :prefill_len], positions, cache)
     logits_BV = model.logits(hidden[rows, context_len_B - 1])

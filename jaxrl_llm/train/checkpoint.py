@@ -1,16 +1,26 @@
-"""Checkpoints with orbax: parameters, optimizer state, and a JSON registry of everything else
-(step, data iterator, model shape, and any state a controller registers). Keep-N, asynchronous saves,
-restore straight into the live arrays' sharded layout."""
+"""Checkpoints with orbax: named array trees (parameters, optimizer state, ...) and a JSON registry of
+everything else (step, data iterator, model shape, metrics rows, and any state a controller registers).
+Keep-N, asynchronous saves, restore straight into the live arrays' sharded layout.
+
+Restore walks back from the newest checkpoint: one that cannot be read (truncated or missing files)
+is named, moved aside into `<directory>.damaged/`, and the next older one is tried, so keep-N
+protects a run against a save cut short by a crash."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
+from typing import Callable
 
 import jax
 import orbax.checkpoint as ocp
 
 
 class CheckpointMismatchError(ValueError):
+    pass
+
+
+class CheckpointDamagedError(ValueError):
     pass
 
 
@@ -24,24 +34,64 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
-    def save(self, step: int, arrays, registry: dict, *, wait: bool = False) -> None:
+    def save(self, step: int, arrays: dict, registry: dict, *, wait: bool = False) -> None:
+        """Save `arrays` (a dict of array trees) and `registry` as checkpoint `step`, replacing an older
+        checkpoint of the same number (e.g. a run stopped twice at the same point)."""
+        self.manager.wait_until_finished()
+        if step in self.manager.all_steps():
+            self.manager.delete(step)
+        registry = {**registry, "array_items": sorted(arrays)}
         self.manager.save(step, args=ocp.args.Composite(arrays=ocp.args.StandardSave(arrays),
                                                         registry=ocp.args.JsonSave(registry)))
         if wait:
             self.manager.wait_until_finished()
 
-    def restore(self, arrays_like, model_signature: dict, step: int | None = None):
-        """(arrays, registry) of `step` (default: latest), placed like `arrays_like`."""
-        step = self.latest_step() if step is None else step
-        registry = self.manager.restore(step, args=ocp.args.Composite(registry=ocp.args.JsonRestore()))["registry"]
+    def _restore_one(self, step: int, arrays_like: Callable[[dict], dict], model_signature: dict):
+        try:
+            registry = self.manager.restore(step, args=ocp.args.Composite(registry=ocp.args.JsonRestore()))["registry"]
+        except Exception as e:  # noqa: BLE001 - any failure to read is damage
+            raise CheckpointDamagedError(f"registry unreadable ({type(e).__name__}: {_first_line(e)})") from e
         saved = registry.get("model_signature")
         if saved != model_signature:
             raise CheckpointMismatchError(
                 f"{self.directory}/{step}: written for model {saved}, but this run's model is {model_signature}; "
                 f"use another train.out_dir or set train.resume=false")
-        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), arrays_like)
-        arrays = self.manager.restore(step, args=ocp.args.Composite(arrays=ocp.args.StandardRestore(abstract)))
+        like = arrays_like(registry)
+        if sorted(like) != registry.get("array_items"):
+            raise CheckpointMismatchError(
+                f"{self.directory}/{step}: holds {registry.get('array_items')}, this run needs {sorted(like)} "
+                f"(was algo.kl_coef changed between the runs?); use another train.out_dir or set train.resume=false")
+        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like)
+        try:
+            arrays = self.manager.restore(step, args=ocp.args.Composite(arrays=ocp.args.StandardRestore(abstract)))
+        except Exception as e:  # noqa: BLE001
+            raise CheckpointDamagedError(f"arrays unreadable ({type(e).__name__}: {_first_line(e)})") from e
         return arrays["arrays"], registry
+
+    def restore_latest(self, arrays_like: Callable[[dict], dict], model_signature: dict, log=print):
+        """(step, arrays, registry) of the newest intact checkpoint, or None when there is none at all.
+
+        `arrays_like(registry)` gives live arrays whose structure and shardings the restored ones take.
+        Damaged checkpoints are moved aside and reported; when none is intact, one clear error."""
+        damaged = []
+        for step in sorted(self.manager.all_steps(), reverse=True):
+            try:
+                arrays, registry = self._restore_one(step, arrays_like, model_signature)
+            except CheckpointDamagedError as e:
+                aside = self.directory.with_name(self.directory.name + ".damaged") / str(step)
+                log(f"checkpoint {self.directory}/{step} is damaged: {e}; moved it to {aside} and trying an older one")
+                aside.parent.mkdir(parents=True, exist_ok=True)
+                shutil.rmtree(aside, ignore_errors=True)
+                shutil.move(str(self.directory / str(step)), str(aside))
+                self.manager.reload()
+                damaged.append(step)
+                continue
+            return step, arrays, registry
+        if damaged:
+            raise CheckpointDamagedError(
+                f"{self.directory}: no intact checkpoint (damaged: {', '.join(map(str, damaged))}, moved to "
+                f"{self.directory.name}.damaged/); set train.resume=false or use another train.out_dir to start over")
+        return None
 
     def wait(self) -> None:
         self.manager.wait_until_finished()
@@ -49,3 +99,8 @@ class Checkpointer:
     def close(self) -> None:
         self.manager.wait_until_finished()
         self.manager.close()
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:200] if text else ""

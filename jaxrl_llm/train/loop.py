@@ -9,6 +9,7 @@ a resumed run draws the same prompts and samples as an uninterrupted one.
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from pathlib import Path
@@ -27,7 +28,7 @@ from jaxrl_llm.model.hf_io import export_hf_folder
 from jaxrl_llm.model.tokenizer import pad_id, stop_ids
 from jaxrl_llm.parallel.mesh import make_mesh
 from jaxrl_llm.rewards.pool import RewardPool
-from jaxrl_llm.rl.update import UpdateSpec, init_optimizer, make_optimizer, make_update
+from jaxrl_llm.rl.update import UpdateSpec, init_optimizer, make_logprobs, make_optimizer, make_update
 from jaxrl_llm.sampling.sampler import Sampler
 from jaxrl_llm.train.checkpoint import Checkpointer
 from jaxrl_llm.train.evaluate import evaluate
@@ -67,13 +68,18 @@ def _coefs(cfg: Config) -> dict:
 
 
 class Run:
-    """Everything a run holds; `train()` drives it. Built once, then only its arrays change."""
+    """Everything a run holds; `train()` drives it. Built once, then only its arrays change.
 
-    def __init__(self, cfg: Config, log=print):
+    A run goes through stages, and a checkpoint marks how far it got, so a resumed run redoes
+    nothing it finished: evaluation before SFT, SFT steps (checkpoints in `sft_checkpoints/`: the
+    policy, the SFT optimizer state and the SFT step), the step-0 evaluation, RL steps (checkpoints
+    in `checkpoints/`: policy, optimizer state, the KL reference when kl_coef > 0, the data iterator).
+    """
+
+    def __init__(self, cfg: Config, log=tqdm.write):
         self.cfg, self.log = cfg, log
         self.out_dir = Path(cfg.train.out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        (self.out_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         self.mesh = make_mesh({"data": cfg.mesh.data, "fsdp": cfg.mesh.fsdp, "tensor": cfg.mesh.tensor})
         self.policy = build_policy(cfg, self.mesh, self.out_dir)
         tok = self.tok = self.policy.tokenizer
@@ -84,8 +90,9 @@ class Run:
         self.dropped_prompts = dropped + eval_dropped
         if not self.train_items:
             raise ValueError("no training prompts left (all dropped as longer than data.max_prompt_len?)")
-        self.sampler = Sampler(self.policy.graphdef, pad_id=pad_id(tok),
-                               stop_ids=stop_ids(tok, self.policy.model_cfg.eos_token_ids), mesh=self.mesh)
+        model_cfg = self.policy.model_cfg
+        self.sampler = Sampler(self.policy.graphdef, pad_id=pad_id(tok), stop_ids=stop_ids(tok, model_cfg.eos_token_ids),
+                               max_cache_len=model_cfg.max_position_embeddings, mesh=self.mesh)
         self.rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size
         o = cfg.optim
         self.optimizer = make_optimizer(o.lr, warmup_steps=o.warmup_steps, schedule=o.schedule,
@@ -94,71 +101,139 @@ class Run:
         self.params = self.policy.params
         self.opt_state = init_optimizer(self.optimizer, self.params, self.mesh)
         mb_rows = self.rows // cfg.algo.minibatches
-        self.ref_params = jax.tree.map(jnp.copy, self.params) if cfg.algo.kl_coef > 0 else None
+        self.ref_params = None  # the policy at the start of RL (after any SFT), held only when kl_coef > 0
         spec = UpdateSpec(mode="rl", loss_agg=cfg.algo.loss_agg, kl_estimator=cfg.algo.kl_estimator,
                           use_kl=cfg.algo.kl_coef > 0, micro_batches=max(1, mb_rows // cfg.algo.micro_batch),
                           compute_dtype=cfg.model.compute_dtype)
         self.update = make_update(self.policy.graphdef, spec, self.optimizer, self.params, self.opt_state,
-                                  self.mesh, mb_rows, self.ref_params)
+                                  self.mesh, mb_rows)
+        self.recompute_logp = make_logprobs(self.policy.graphdef, cfg.model.compute_dtype, self.params, self.mesh,
+                                            self.rows) if cfg.algo.recompute_old_logp else None
+        self.sample_dtype = jnp.dtype(cfg.model.compute_dtype)
+        self._cast_for_sampling = jax.jit(lambda p: jax.tree.map(
+            lambda x: x.astype(self.sample_dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, p))
         self.data = prompt_batches(len(self.train_items), cfg.rollout.prompts_per_step, cfg.data.seed)
-        self.root = jax.random.key(cfg.train.seed)
+        self.seed = cfg.train.seed
+        self.root = jax.random.key(self.seed)
         self.ckpt = Checkpointer(self.out_dir / "checkpoints", keep=cfg.train.keep_checkpoints,
                                  async_save=cfg.train.async_checkpoint)
+        self.sft_ckpt = Checkpointer(self.out_dir / "sft_checkpoints", keep=cfg.train.keep_checkpoints,
+                                     async_save=cfg.train.async_checkpoint)
+        self.sft_opt, self.sft_update, self.sft_opt_state = None, None, None
         self.step = 0
-        self.sft_done = cfg.sft.steps == 0
+        self.sft_step = 0
+        self.stage = "start"  # start -> sft -> rl (rl: SFT and the step-0 evaluation are behind us)
+        self.metrics_rows = 0
 
     # -- state that checkpoints carry -------------------------------------------------------------
     def registry(self) -> dict:
-        return {"model_signature": self.policy.signature(), "step": self.step, "data": self.data.get_state(),
-                "sft_done": self.sft_done, "seed": self.cfg.train.seed}
+        return {"model_signature": self.policy.signature(), "stage": self.stage, "step": self.step,
+                "sft_step": self.sft_step, "data": self.data.get_state(), "seed": self.seed,
+                "metrics_rows": self.metrics_rows}
 
-    def save(self, wait: bool = False) -> None:
-        self.ckpt.save(self.step, {"params": self.params, "opt_state": self.opt_state}, self.registry(), wait=wait)
+    def _rl_arrays(self, registry=None) -> dict:
+        arrays = {"params": self.params, "opt_state": self.opt_state}
+        if self.cfg.algo.kl_coef > 0:
+            arrays["ref_params"] = self.params if self.ref_params is None else self.ref_params
+        return arrays
+
+    def _sft_arrays(self, registry=None) -> dict:
+        self._build_sft()
+        return {"params": self.params, "sft_opt_state": self.sft_opt_state}
+
+    def save(self, wait: bool = False) -> str:
+        """Checkpoint the current stage; returns what was saved, in words."""
+        if self.stage == "rl":
+            self.ckpt.save(self.step, self._rl_arrays(), self.registry(), wait=wait)
+            return f"RL step {self.step} to {self.ckpt.directory}/{self.step}"
+        self.sft_ckpt.save(self.sft_step, self._sft_arrays(), self.registry(), wait=wait)
+        return (f"SFT step {self.sft_step}/{self.cfg.sft.steps} (policy and SFT optimizer state) to "
+                f"{self.sft_ckpt.directory}/{self.sft_step}")
 
     def try_resume(self) -> bool:
-        if not self.cfg.train.resume or self.ckpt.latest_step() is None:
+        if not self.cfg.train.resume:
             return False
-        arrays, reg = self.ckpt.restore({"params": self.params, "opt_state": self.opt_state},
-                                        self.policy.signature())
-        self.params, self.opt_state = arrays["params"], arrays["opt_state"]
-        self.step, self.sft_done = reg["step"], reg["sft_done"]
+        sig = self.policy.signature()
+        found = self.ckpt.restore_latest(self._rl_arrays, sig, log=self.log)
+        if found is None:
+            found = self.sft_ckpt.restore_latest(self._sft_arrays, sig, log=self.log)
+            if found is None:
+                return False
+        where, arrays, reg = found
+        self.params = arrays["params"]
+        if reg["stage"] == "rl":
+            self.opt_state = arrays["opt_state"]
+            self.ref_params = arrays.get("ref_params")
+        else:
+            self.sft_opt_state = arrays["sft_opt_state"]
+        self.stage, self.step, self.sft_step = reg["stage"], reg["step"], reg["sft_step"]
+        self.metrics_rows = reg["metrics_rows"]
         self.data.set_state(reg["data"])
         if reg["seed"] != self.cfg.train.seed:  # the key root must stay that of the checkpointed run
             self.log(f"train.seed={self.cfg.train.seed} ignored: resuming the run seeded {reg['seed']}")
-            self.root = jax.random.key(reg["seed"])
-        self.log(f"resumed from {self.ckpt.directory}/{self.step}")
+            self.seed = reg["seed"]
+            self.root = jax.random.key(self.seed)
+        ckpt = self.ckpt if reg["stage"] == "rl" else self.sft_ckpt
+        self.log(f"resumed from {ckpt.directory}/{where} ("
+                 + (f"RL step {self.step}" if self.stage == "rl" else f"SFT step {self.sft_step}/{self.cfg.sft.steps}")
+                 + ")")
         return True
 
     def key(self, phase: int, step: int) -> jax.Array:
         return jax.random.fold_in(jax.random.fold_in(self.root, phase), step)
 
     # -- phases -----------------------------------------------------------------------------------
-    def run_sft(self, writer: MetricsWriter) -> None:
+    def _build_sft(self) -> None:
+        if self.sft_update is not None:
+            return
         cfg = self.cfg
-        opt = make_optimizer(cfg.sft.lr, max_grad_norm=cfg.optim.max_grad_norm)
-        opt_state = init_optimizer(opt, self.params, self.mesh)
+        self.sft_opt = make_optimizer(cfg.sft.lr, max_grad_norm=cfg.optim.max_grad_norm)
+        self.sft_opt_state = init_optimizer(self.sft_opt, self.params, self.mesh)
         rows = cfg.sft.batch_size
         spec = UpdateSpec(mode="sft", micro_batches=max(1, rows // cfg.algo.micro_batch),
                           compute_dtype=cfg.model.compute_dtype)
-        update = make_update(self.policy.graphdef, spec, opt, self.params, opt_state, self.mesh, rows)
-        rng = np.random.default_rng(int(jax.random.randint(self.key(PHASE_SFT, 0), (), 0, 2**31 - 1)))
-        eos = self.tok.eos_token_id
-        for s in tqdm(range(1, cfg.sft.steps + 1), desc="sft", disable=jax.process_index() != 0):
+        self.sft_update = make_update(self.policy.graphdef, spec, self.sft_opt, self.params, self.sft_opt_state,
+                                      self.mesh, rows)
+
+    def run_sft(self, writer: MetricsWriter, stop: "_StopFlag") -> None:
+        """SFT steps from the current one on; returns early (the caller checkpoints) when a stop is asked."""
+        cfg = self.cfg
+        self._build_sft()
+        rows, eos = cfg.sft.batch_size, self.tok.eos_token_id
+        bar = tqdm(total=cfg.sft.steps, initial=self.sft_step, desc="sft", disable=jax.process_index() != 0)
+        while self.sft_step < cfg.sft.steps and not stop.requested:
+            s = self.sft_step + 1
+            rng = np.random.default_rng((self.seed, PHASE_SFT, s))  # step s draws the same rows after a resume
             pairs = [self.train_items[i] for i in rng.choice(len(self.train_items), rows, replace=False)]
-            self.params, opt_state, m = update(self.params, opt_state,
-                                               sft_batch(self.tok, cfg, pairs, self.sampler.pad_id, eos), _coefs(cfg))
+            self.params, self.sft_opt_state, m = self.sft_update(
+                self.params, self.sft_opt_state, sft_batch(self.tok, cfg, pairs, self.sampler.pad_id, eos), _coefs(cfg))
+            self.sft_step = s
+            bar.update(1)
             if s % 10 == 0 or s == cfg.sft.steps:
-                writer.write(s, {"nll": float(m["nll"]), "grad_norm": float(m["grad_norm"])}, kind="sft")
-        self.sft_done = True
+                self._write(writer, s, {"nll": float(m["nll"]), "grad_norm": float(m["grad_norm"])}, kind="sft")
+        bar.close()
+
+    def sampling_params(self):
+        """The policy as the sampler should see it: in the update's compute dtype, so old log-probs are
+        the trainer's numbers (a bf16 run samples with bf16 weights, not its float32 master copy)."""
+        if self.sample_dtype == jnp.float32:
+            return self.params
+        return self._cast_for_sampling(self.params)
 
     def rl_step(self, pool: RewardPool) -> dict:
         cfg = self.cfg
         t0 = time.perf_counter()
         batch = [self.train_items[i] for i in next(self.data)]
-        rollouts, metrics = collect(self.sampler, self.params, pool, self.tok, cfg, batch,
+        rollouts, metrics = collect(self.sampler, self.sampling_params(), pool, self.tok, cfg, batch,
                                     self.key(PHASE_ROLLOUT, self.step))
         t1 = time.perf_counter()
         full = update_batch(rollouts)
+        if self.recompute_logp is not None:
+            mask = full["loss_mask"]
+            trainer_logp = np.asarray(self.recompute_logp(self.params, full["tokens"], full["temperature"])) * mask
+            metrics["logp_gap_sampler_recomputed"] = float(np.abs(trainer_logp - full["old_logp"])[mask].mean()) \
+                if mask.any() else 0.0
+            full["old_logp"] = trainer_logp.astype(np.float32)
         mb_rows = self.rows // cfg.algo.minibatches
         ups = []
         for epoch in range(cfg.algo.ppo_epochs):
@@ -167,7 +242,8 @@ class Run:
             for m in range(cfg.algo.minibatches):
                 idx = order[m * mb_rows:(m + 1) * mb_rows]
                 self.params, self.opt_state, um = self.update(self.params, self.opt_state,
-                                                              {k: v[idx] for k, v in full.items()}, _coefs(cfg))
+                                                              {k: v[idx] for k, v in full.items()}, _coefs(cfg),
+                                                              self.ref_params)
                 ups.append(um)
         ups = jax.device_get(ups)
         t2 = time.perf_counter()
@@ -178,7 +254,8 @@ class Run:
             "lr": float(ups[-1]["lr"]), "clip_low": float(np.mean([u["clip_low"] for u in ups])),
             "clip_high": float(np.mean([u["clip_high"] for u in ups])),
             "dual_clip": float(np.mean([u["dual_clip"] for u in ups])), "kl": float(np.mean([u["kl"] for u in ups])),
-            "logp_gap_sampler_trainer": float(first["logp_gap"]),  # first update: same weights as the sampler
+            # first update: the weights that produced old_logp (the sampler's, or the recomputed ones)
+            "logp_gap_sampler_trainer": float(first["logp_gap"]),
             "skipped_nonfinite": int(sum(u["skipped_nonfinite"] for u in ups)),
             "update_tokens_per_s": float(sum(u["update_tokens"] for u in ups) / max(t2 - t1, 1e-9)),
             # every position of every row goes through forward and backward, loss-bearing or not
@@ -192,48 +269,97 @@ class Run:
         return metrics
 
     def evaluate(self, pool: RewardPool) -> dict:
-        return evaluate(self.sampler, self.params, pool, self.tok, self.cfg, self.eval_items,
+        return evaluate(self.sampler, self.sampling_params(), pool, self.tok, self.cfg, self.eval_items,
                         self.key(PHASE_EVAL, self.step))
 
     # -- the loop ---------------------------------------------------------------------------------
+    def _write(self, writer: MetricsWriter, step: int, metrics: dict, kind: str = "train") -> None:
+        writer.write(step, metrics, kind=kind)
+        self.metrics_rows = writer.rows
+
+    def _eval(self, writer: MetricsWriter, pool: RewardPool, kind: str, label: str) -> dict:
+        result = self.evaluate(pool)
+        self._write(writer, self.sft_step if kind == "eval_before_sft" else self.step, result, kind)
+        self.log(f"{label} held-out: {_fmt(result)}")
+        return result
+
     def train(self) -> dict:
         cfg = self.cfg
         resumed = self.try_resume()
-        writer = MetricsWriter(self.out_dir, tensorboard=cfg.train.tensorboard, resume_step=self.step)
+        if jax.process_index() == 0:
+            (self.out_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        if resumed and self.stage == "rl" and self.step >= cfg.train.steps:
+            return self._already_complete()
+        writer = MetricsWriter(self.out_dir, tensorboard=cfg.train.tensorboard, keep_rows=self.metrics_rows)
         last_eval: dict = {}
+        saved = ""
         with RewardPool(cfg.reward.workers, cfg.reward.timeout_s) as pool, _StopFlag() as stop:
-            if not resumed:
-                if not self.sft_done:
-                    writer.write(0, self.evaluate(pool), kind="eval_before_sft")
-                    self.run_sft(writer)
-                last_eval = self.evaluate(pool)
-                writer.write(0, last_eval, kind="eval")
-                self.log(f"step 0 held-out: {_fmt(last_eval)}")
+            if self.stage == "start" and cfg.sft.steps > 0:
+                self._eval(writer, pool, "eval_before_sft", "before SFT")
+                self.stage = "sft"
+            if self.stage in ("start", "sft") and not stop.requested:
+                if cfg.sft.steps > 0:
+                    self.run_sft(writer, stop)
+                if not stop.requested:
+                    self.ref_params = jax.tree.map(jnp.copy, self.params) if cfg.algo.kl_coef > 0 else None
+                    last_eval = self._eval(writer, pool, "eval", "step 0")
+                    self.stage = "rl"
+                    saved = self.save(wait=stop.requested)  # SFT and the step-0 evaluation are not redone
             bar = tqdm(total=cfg.train.steps, initial=self.step, desc="train", disable=jax.process_index() != 0)
-            while self.step < cfg.train.steps and not stop.requested:
+            while self.stage == "rl" and self.step < cfg.train.steps and not stop.requested:
                 self.step += 1
                 m = self.rl_step(pool)
-                writer.write(self.step, m)
+                self._write(writer, self.step, m)
                 bar.set_postfix(reward=f"{m['reward_mean']:.3f}", acc=f"{m['accuracy']:.2f}",
                                 H=f"{m['entropy']:.2f}", T=f"{m['temperature']:.2f}",
                                 tok_s=f"{m['sample_tokens_per_s']:.0f}")
                 bar.update(1)
                 if self.step % cfg.eval.every == 0 or self.step == cfg.train.steps:
-                    last_eval = self.evaluate(pool)
-                    writer.write(self.step, last_eval, kind="eval")
-                    self.log(f"step {self.step} held-out: {_fmt(last_eval)}")
+                    last_eval = self._eval(writer, pool, "eval", f"step {self.step}")
                 if self.step % cfg.train.checkpoint_every == 0 or self.step == cfg.train.steps or stop.requested:
-                    self.save(wait=stop.requested)
+                    saved = self.save(wait=stop.requested)
             bar.close()
+            if stop.requested and self.stage != "rl":
+                saved = self.save(wait=True)
         self.ckpt.close()
+        self.sft_ckpt.close()
         writer.close()
         if stop.requested:
-            self.log(f"stopped by signal after step {self.step}; checkpoint saved")
-        elif cfg.train.export_final and jax.process_index() == 0:
+            self.log(f"stopped by signal; saved {saved}; run the same command again to resume")
+            return last_eval
+        self._summary()
+        if cfg.train.export_final and jax.process_index() == 0:
             model = nnx.merge(self.policy.graphdef, self.params)
             export_hf_folder(model, self.out_dir / "final", tokenizer=self.tok)
             self.log(f"exported the final policy to {self.out_dir / 'final'}")
         return last_eval
+
+    def _already_complete(self) -> dict:
+        self.ckpt.close()
+        self.sft_ckpt.close()
+        final = self.out_dir / "final"
+        self.log(f"{self.out_dir} is complete: {self.step} of train.steps={self.cfg.train.steps} RL steps done"
+                 + (f"; final policy in {final}" if (final / "config.json").is_file() else "")
+                 + "; raise train.steps to continue it, or use another train.out_dir")
+        if self.cfg.train.export_final and not (final / "config.json").is_file() and jax.process_index() == 0:
+            export_hf_folder(nnx.merge(self.policy.graphdef, self.params), final, tokenizer=self.tok)
+            self.log(f"exported the final policy to {final}")
+        return {}
+
+    def _summary(self) -> None:
+        """Held-out accuracy at the start of the run (before SFT if any), at RL step 0, and now."""
+        path = self.out_dir / "metrics.jsonl"
+        if jax.process_index() != 0 or not path.exists():
+            return
+        rows = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+        evals = [r for r in rows if r["kind"] in ("eval_before_sft", "eval")]
+        if not evals:
+            return
+        keys = ("greedy_accuracy", "sampled_accuracy")
+        points = [("start", evals[0])] + ([("RL step 0", evals[1])] if evals[0]["kind"] == "eval_before_sft"
+                                           and len(evals) > 2 else []) + [(f"step {evals[-1]['step']}", evals[-1])]
+        self.log(f"summary ({self.out_dir}): " + "; ".join(
+            f"{k.replace('_', ' ')} " + " -> ".join(f"{r[k]:.3f} ({w})" for w, r in points) for k in keys))
 
 
 def _fmt(m: dict) -> str:

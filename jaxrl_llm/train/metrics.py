@@ -36,16 +36,20 @@ def group_stats(correct_N: np.ndarray, group_N: np.ndarray, ks=(1, 2, 4, 8, 16))
 
 
 class MetricsWriter:
-    def __init__(self, out_dir: Path, *, tensorboard: bool = True, resume_step: int = 0):
+    """Appends one JSON row per call to metrics.jsonl (and TensorBoard). `rows` counts every row written
+    to the file, so a checkpoint can record it and a resume from that checkpoint keeps exactly the
+    rows written before it, of every kind (SFT, evaluation, train), and drops the ones after."""
+
+    def __init__(self, out_dir: Path, *, tensorboard: bool = True, keep_rows: int = 0):
         self.enabled = jax.process_index() == 0
         self.path = Path(out_dir) / "metrics.jsonl"
         self.tb = None
+        self.rows = keep_rows
         if not self.enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.path.exists():  # after a resume, drop lines written after the restored checkpoint
-            kept = [ln for ln in self.path.read_text().splitlines()
-                    if ln.strip() and json.loads(ln).get("step", 0) <= resume_step]
+        if self.path.exists():
+            kept = [ln for ln in self.path.read_text().splitlines() if ln.strip()][:keep_rows]
             self.path.write_text("".join(ln + "\n" for ln in kept))
         if tensorboard:
             from tensorboardX import SummaryWriter
@@ -53,6 +57,7 @@ class MetricsWriter:
             self.tb = SummaryWriter(str(Path(out_dir) / "tensorboard"))
 
     def write(self, step: int, metrics: dict, kind: str = "train") -> None:
+        self.rows += 1
         if not self.enabled:
             return
         row = {"step": step, "kind": kind, "wall_time": time.time(), **{k: _plain(v) for k, v in metrics.items()}}
