@@ -83,43 +83,51 @@ def _cmd_eval(args) -> int:
 
 
 def _cmd_bench(args) -> int:
-    from jaxrl_llm.bench.sampler_bench import main as bench_main
-
+    if args.what == "sampler":
+        from jaxrl_llm.bench.sampler_bench import main as bench_main
+    else:
+        from jaxrl_llm.bench.memory import main as bench_main
     return bench_main(args.rest)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="jaxrl-llm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    shown = argparse.ArgumentDefaultsHelpFormatter
 
     for name, fn, text in (("train", _cmd_train, "GRPO training (resumes from the run's latest checkpoint)"),
                            ("sft", _cmd_sft, "supervised warm start on reference answers only"),
                            ("eval", _cmd_eval, "held-out evaluation of the run's latest checkpoint")):
-        p = sub.add_parser(name, help=text)
-        p.add_argument("--config", default="configs/default.yaml")
-        p.add_argument("overrides", nargs="*", help="a.b=value overrides")
+        p = sub.add_parser(name, help=text, description=text, formatter_class=shown)
+        p.add_argument("--config", required=True, metavar="YAML",
+                       help="run config, e.g. configs/default.yaml (SmolLM2 on CPU) or configs/toy.yaml")
+        p.add_argument("overrides", nargs="*", metavar="a.b=value",
+                       help="config overrides, e.g. train.steps=10 optim.lr=1e-5")
         p.set_defaults(fn=fn)
 
     p = sub.add_parser("prepare-model", help="write a local HF folder for a known short model name")
     p.add_argument("name")
     p.set_defaults(fn=_cmd_prepare)
 
-    p = sub.add_parser("sample", help="sample chat completions from a model folder or short name")
-    p.add_argument("--model", default="smollm2-135m-instruct")
-    p.add_argument("--prompt", default="What is 12 + 35? Answer briefly.")
-    p.add_argument("--system", default=None)
+    text = "sample chat completions from a model folder or short name"
+    p = sub.add_parser("sample", help=text, description=text, formatter_class=shown)
+    p.add_argument("--model", default="smollm2-135m-instruct", help="local HF folder or known short name")
+    p.add_argument("--prompt", default="What is 12 + 35? Answer briefly.", help="the user message")
+    p.add_argument("--system", default=None, help="optional system message")
     p.add_argument("--raw", action="store_true", help="encode the prompt as is, without the chat template")
-    p.add_argument("--num-samples", type=int, default=2)
-    p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--temperature", type=float, default=0.7)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--num-samples", type=int, default=2, help="completions to draw (one batch)")
+    p.add_argument("--max-new-tokens", type=int, default=96, help="new tokens per completion at most")
+    p.add_argument("--temperature", type=float, default=0.7, help="0 is greedy")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass kept (1: off)")
+    p.add_argument("--top-k", type=int, default=0, help="most likely tokens kept (0: off)")
+    p.add_argument("--seed", type=int, default=0, help="random seed of the draw")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="parameter dtype")
     p.set_defaults(fn=_cmd_sample)
 
-    p = sub.add_parser("bench", help="benchmarks (bench sampler --help)")
-    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p = sub.add_parser("bench", help="benchmarks: `bench sampler --help`, `bench memory --help`")
+    p.add_argument("what", choices=("sampler", "memory"),
+                   help="sampler: ours vs transformers generate; memory: XLA's memory analysis of the update")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own options")
     p.set_defaults(fn=_cmd_bench)
 
     args = parser.parse_args(argv)

@@ -87,7 +87,6 @@ def bench_one(name: str, batch: int, prompt_len: int, new: int, repeats: int, wo
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="jaxrl-llm bench sampler", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", nargs="?", default="sampler", choices=["sampler"])
     parser.add_argument("--models", default="toy,smollm2-135m-instruct")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--prompt-len", type=int, default=64)
