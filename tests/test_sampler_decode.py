@@ -86,8 +86,9 @@ def test_stop_tokens_and_per_row_budgets(tiny_sampler):
 
 def test_varied_knobs_and_lengths_compile_nothing_new(tiny_sampler):
     sampler, state = tiny_sampler
-    sampler(state, [[1] * 9] * 3, max_new_tokens=20)  # warm-up: batch bucket 4, context 16, new 32
-    # inside those buckets: batch 3-4, contexts 1-16 tokens, budgets 17-32 (a row may stop earlier)
+    # warm-up: batch bucket 4, distinct contexts bucket 4, context 16, new 32
+    sampler(state, [[1] * 9, [2] * 9, [3] * 9], max_new_tokens=20)
+    # inside those buckets: batch 3-4 (distinct), contexts 1-16 tokens, budgets 17-32 (a row may stop earlier)
     before = compile_counter.compilations()
     rng = np.random.RandomState(0)
     for trial in range(6):

@@ -1,6 +1,6 @@
 """Jitted prefill + KV-cache decode.
 
-One program per (batch bucket, context bucket, new-token bucket): temperature, top-p, top-k,
+One program per (batch bucket, distinct-context bucket, context bucket, new-token bucket): temperature, top-p, top-k,
 per-row token budgets and stop ids are traced arrays, so new values never recompile. Decoding is
 a `lax.while_loop` that ends when every row has finished. Weights enter as an argument (the nnx
 state), never closed over, so the trainer's updated parameters feed straight in.
@@ -10,6 +10,10 @@ of the response) in slots [0, context_len), generated tokens after it, pad to th
 equals position, which is also the KV-cache slot, so rows of different lengths decode together and
 each row computes exactly what it would alone. Row keys are independent of batch composition:
 row i uses `fold_in(row_key_i, step)`.
+
+Shared prefill: rows often share their context (GRPO samples each prompt `group_size` times), so
+the program prefills each distinct context once ([U, prefill] tokens, U <= B, also a power-of-two
+bucket) and gives each row the cache rows and next-token logits of its context (`row_source`).
 """
 
 from __future__ import annotations
@@ -74,20 +78,45 @@ class SampleOutput:
         return self.tokens[i, start:start + int(self.num_generated[i])].tolist()
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "prefill_len"), donate_argnames=("tokens_BS",))
+def prefill(model: Transformer, tokens_UP, context_len_U):
+    """Encode U contexts of (bucketed) length P. Returns their cache [U, ..., P] (slots = positions
+    0..P-1) and float32 logits [U, V] at each context's last position."""
+    n, length = tokens_UP.shape
+    # the cache takes the weights' dtype (bf16 weights cast for sampling in the compute dtype give a bf16
+    # cache), so keys and values are rounded as the trainer's forward rounds them
+    cache = KVCache.zeros(model.cfg, n, length, dtype=model.embed[...].dtype)
+    positions = jnp.broadcast_to(jnp.arange(length), (n, length))
+    hidden, cache = model(tokens_UP, positions, cache)
+    return cache, model.logits(hidden[jnp.arange(n), context_len_U - 1])
+
+
+def expand_cache(cache: KVCache, row_source_B, slots: int) -> KVCache:
+    """Row b of the result is row `row_source_B[b]` of `cache`, slots padded with zeros up to `slots`."""
+    def take(x, slot_axis):
+        x = x[row_source_B]
+        pad = [(0, 0)] * x.ndim
+        pad[slot_axis] = (0, slots - x.shape[slot_axis])
+        return jnp.pad(x, pad)
+
+    return KVCache([take(k, 3) for k in cache.keys], [take(v, 2) for v in cache.values])
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("tokens_BS",))
 def generate_program(graphdef, state, tokens_BS, context_len_B, max_new_B, temperature_B, top_p_B, top_k_B,
-                     keys_B, stop_ids_K, *, prefill_len: int):
-    """The device program: prefill the first `prefill_len` slots, then decode until all rows finish."""
+                     keys_B, stop_ids_K, unique_tokens_UP, unique_len_U, row_source_B):
+    """The device program: prefill the U distinct contexts (`unique_tokens_UP` [U, P]: the first P
+    slots), copy each row's context cache and logits from `row_source_B`, then decode until all rows
+    finish. `tokens_BS` holds every row's context too (it becomes the output)."""
     model: Transformer = nnx.merge(graphdef, state)
     keys_B = jax.random.wrap_key_data(keys_B)
     batch, slots = tokens_BS.shape
+    prefill_len = unique_tokens_UP.shape[1]
     rows = jnp.arange(batch)
-    # the cache takes the weights' dtype (bf16 weights cast for sampling in the compute dtype give a bf16
-    # cache), so keys and values are rounded as the trainer's forward rounds them
-    cache = KVCache.zeros(model.cfg, batch, slots, dtype=model.embed[...].dtype)
-    positions = jnp.broadcast_to(jnp.arange(prefill_len), (batch, prefill_len))
-    hidden, cache = model(tokens_BS[:, :prefill_len], positions, cache)
-    logits_BV = model.logits(hidden[rows, context_len_B - 1])
+    cache_U, logits_UV = prefill(model, unique_tokens_UP, unique_len_U)
+    # the B-row cache is a fresh buffer that the decode loop carries and updates in place; the U-row
+    # prefill cache is dead after this copy
+    cache = expand_cache(cache_U, row_source_B, slots)
+    logits_BV = logits_UV[row_source_B]
 
     def cond(carry):
         step, *_, done_B, _ = carry
@@ -143,8 +172,11 @@ class Sampler:
     """
 
     def __init__(self, graphdef, *, pad_id: int, stop_ids: Sequence[int] = (), max_cache_len: int = 4096,
-                 min_batch: int = 1, min_context: int = 16, min_new: int = 16, mesh: Mesh | None = None):
+                 min_batch: int = 1, min_context: int = 16, min_new: int = 16, mesh: Mesh | None = None,
+                 share_prefill: bool = True):
         self.graphdef = graphdef
+        # prefill each distinct context (prompt + prefix) once; False prefills every row (a benchmark's baseline)
+        self.share_prefill = bool(share_prefill)
         self.mesh = mesh  # when set, rows are split over the mesh's batch axes
         self.pad_id = int(pad_id)
         self.stop_ids = tuple(int(s) for s in stop_ids)
@@ -168,13 +200,32 @@ class Sampler:
                  top_p=1.0, top_k=0, key: jax.Array | None = None, row_keys: jax.Array | None = None,
                  prefixes: Sequence[Sequence[int]] | None = None, stop_ids: Sequence[int] | None = None
                  ) -> SampleOutput:
+        args, meta = self._inputs(prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                  top_k=top_k, key=key, row_keys=row_keys, prefixes=prefixes, stop_ids=stop_ids)
+        out = generate_program(self.graphdef, state, *args)
+        tokens, logp, ent, count, reason = jax.device_get(out)
+        n = meta["n"]
+        return SampleOutput(
+            tokens=tokens[:n], prompt_len=meta["prompt_len"], prefix_len=meta["prefix_len"],
+            num_generated=count[:n], logprobs=logp[:n], entropy=ent[:n], finish_reason=reason[:n],
+            temperature=meta["temperature"])
+
+    def lower(self, state, prompts: Sequence[Sequence[int]], **kwargs) -> jax.stages.Lowered:
+        """The program a call with these arguments runs, lowered (not run): for cost analysis and tests."""
+        args, _ = self._inputs(prompts, **kwargs)
+        return generate_program.lower(self.graphdef, state, *args)
+
+    def _inputs(self, prompts, *, max_new_tokens=128, temperature=1.0, top_p=1.0, top_k=0, key=None,
+                row_keys=None, prefixes=None, stop_ids=None) -> tuple[list[jax.Array], dict]:
+        """Padded, bucketed (and, with a mesh, row-sharded) device arguments of generate_program after
+        `graphdef, state`, and host facts for the output."""
         n = len(prompts)
         if n == 0:
             raise ValueError("no prompts given")
         prefixes = prefixes if prefixes is not None else [()] * n
         if len(prefixes) != n:
             raise ValueError(f"{len(prefixes)} prefixes for {n} prompts")
-        contexts = [list(p) + list(x) for p, x in zip(prompts, prefixes)]
+        contexts = [tuple(int(t) for t in p) + tuple(int(t) for t in x) for p, x in zip(prompts, prefixes)]
         ctx_len = np.array([len(c) for c in contexts], np.int32)
         for i, c in enumerate(ctx_len):
             if c == 0:
@@ -191,6 +242,22 @@ class Sampler:
         for i, c in enumerate(contexts):
             tokens[i, :len(c)] = c
         pad_rows = b - n
+
+        # distinct contexts in order of first appearance; padding rows read context 0
+        index: dict[tuple[int, ...], int] = {}
+        if self.share_prefill:
+            source = np.array([index.setdefault(c, len(index)) for c in contexts] + [0] * pad_rows, np.int32)
+            u = bucket(len(index), self.min_batch)
+            unique_tokens = np.full((u, prefill), self.pad_id, np.int32)
+            unique_len = np.ones((u,), np.int32)
+            for c, j in index.items():
+                unique_tokens[j, :len(c)] = c
+                unique_len[j] = len(c)
+        else:  # every row is its own context (padding rows included, as before sharing existed)
+            u, source = b, np.arange(b, dtype=np.int32)
+            unique_tokens = tokens[:, :prefill].copy()
+            unique_len = np.concatenate([ctx_len, np.ones((pad_rows,), np.int32)])
+
         if row_keys is None:
             key_data = np.asarray(row_key_data(jax.random.key(0) if key is None else key, b))
         else:
@@ -207,12 +274,13 @@ class Sampler:
         rows = [tokens, padded(ctx_len, 1), padded(max_new, 0), padded(temp, 0.0),
                 padded(_per_row(top_p, n, np.float32, "top_p"), 1.0),
                 padded(_per_row(top_k, n, np.int32, "top_k"), 0), key_data]
+        unique = [unique_tokens, unique_len]
         if self.mesh is not None:
             rows = [jax.device_put(x, row_sharding(self.mesh, b, x.ndim)) for x in rows]
-        out = generate_program(self.graphdef, state, *map(jnp.asarray, rows),
-                               jnp.asarray(np.array(stops or (-1,), np.int32)), prefill_len=prefill)
-        tokens, logp, ent, count, reason = jax.device_get(out)
-        return SampleOutput(
-            tokens=tokens[:n], prompt_len=np.array([len(p) for p in prompts], np.int32),
-            prefix_len=np.array([len(x) for x in prefixes], np.int32), num_generated=count[:n],
-            logprobs=logp[:n], entropy=ent[:n], finish_reason=reason[:n], temperature=temp)
+            unique = [jax.device_put(x, row_sharding(self.mesh, u, x.ndim)) for x in unique]
+            source = jax.device_put(source, row_sharding(self.mesh, b, 1))
+        args = [*map(jnp.asarray, rows), jnp.asarray(np.array(stops or (-1,), np.int32)),
+                *map(jnp.asarray, unique), jnp.asarray(source)]
+        meta = dict(n=n, temperature=temp, prompt_len=np.array([len(p) for p in prompts], np.int32),
+                    prefix_len=np.array([len(x) for x in prefixes], np.int32))
+        return args, meta
