@@ -65,6 +65,8 @@ class RolloutSection:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    # encode each group's context once, in sampling and in the update (false: every row carries its prompt)
+    shared_prefix: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

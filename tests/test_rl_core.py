@@ -95,7 +95,7 @@ def _run_update(model, mesh_shape, spec, steps=2, devices=None):
     # plain SGD: parameters move linearly in the gradients, so comparing them compares gradients
     opt = optax.inject_hyperparams(optax.sgd)(learning_rate=0.5)
     opt_state = init_optimizer(opt, params, mesh)
-    update = make_update(graphdef, spec, opt, params, opt_state, mesh, rows=16)
+    update = make_update(graphdef, spec, opt, params, opt_state, mesh)
     out = []
     for s in range(steps):
         params, opt_state, metrics = update(params, opt_state, _batch(model.cfg, seed=s), COEFS)
@@ -132,7 +132,7 @@ def test_nonfinite_loss_skips_the_update(tiny_model):
     params = shard_state(jax.tree.map(jnp.copy, state), mesh)
     opt = make_optimizer(1e-2)
     opt_state = init_optimizer(opt, params, mesh)
-    update = make_update(graphdef, UpdateSpec(), opt, params, opt_state, mesh, rows=16)
+    update = make_update(graphdef, UpdateSpec(), opt, params, opt_state, mesh)
     before = jax.device_get(nnx.to_pure_dict(params))
     batch = _batch(tiny_model.cfg)
     batch["advantages"][0] = np.nan
@@ -176,7 +176,7 @@ def test_kl_term_alone_pulls_the_policy_toward_the_reference(tiny_model, estimat
         opt = optax.inject_hyperparams(optax.sgd)(learning_rate=0.005)
         opt_state = init_optimizer(opt, params, mesh)
         update = make_update(graphdef, UpdateSpec(use_kl=True, kl_estimator=estimator), opt, params, opt_state,
-                             mesh, rows=16)
+                             mesh)
         before = np.asarray(logprobs(params, batch["tokens"], batch["temperature"]))
         params, _, m = update(params, opt_state, batch, {**COEFS, "kl_coef": kl_coef}, ref)
         after = np.asarray(logprobs(params, batch["tokens"], batch["temperature"]))
@@ -199,9 +199,9 @@ def test_warmup_starts_above_zero_and_lr_metric_is_the_rate_used(tiny_model):
     params = shard_state(jax.tree.map(jnp.copy, state), mesh)
     opt = optax.inject_hyperparams(optax.sgd)(learning_rate=lr_schedule(0.4, warmup_steps=2))
     opt_state = init_optimizer(opt, params, mesh)
-    update = make_update(graphdef, UpdateSpec(), opt, params, opt_state, mesh, rows=16)
+    update = make_update(graphdef, UpdateSpec(), opt, params, opt_state, mesh)
     grad_probe = make_update(graphdef, UpdateSpec(), optax.sgd(1.0), params, init_optimizer(optax.sgd(1.0), params, mesh),
-                             mesh, rows=16)
+                             mesh)
     reported = []
     for s in range(3):
         batch = _batch(tiny_model.cfg, seed=s)
@@ -242,7 +242,7 @@ def test_sampler_logprobs_are_the_trainers_at_the_same_positions(tiny_model, tin
     graphdef, params = nnx.split(tiny_model)
     params = shard_state(jax.tree.map(jnp.copy, params), mesh)
     opt = optax.sgd(0.0)
-    update = make_update(graphdef, UpdateSpec(), opt, params, init_optimizer(opt, params, mesh), mesh, rows=16)
+    update = make_update(graphdef, UpdateSpec(), opt, params, init_optimizer(opt, params, mesh), mesh)
     _, _, m = update(params, init_optimizer(opt, params, mesh), batch, COEFS)
     assert out.response_mask.sum() > 100
     assert float(m["logp_gap"]) < 1e-5 and float(m["clip_low"]) == 0 and float(m["clip_high"]) == 0, m
@@ -264,7 +264,7 @@ def test_update_variants_agree_with_the_plain_update(tiny_model, variant):
     def one_step(spec, graphdef, coefs, ref=None):
         params = shard_state(jax.tree.map(jnp.copy, state), mesh)
         opt_state = init_optimizer(opt, params, mesh)
-        update = make_update(graphdef, spec, opt, params, opt_state, mesh, rows=16)
+        update = make_update(graphdef, spec, opt, params, opt_state, mesh)
         params, _, metrics = update(params, opt_state, batch, coefs, ref)
         return jax.device_get(nnx.to_pure_dict(params)), jax.device_get(metrics)
 

@@ -213,8 +213,8 @@ class Transformer(nnx.Module):
         new_k, new_v = [], []
         for i, layer in enumerate(self.layers):
             layer_cache = None if cache is None else (cache.keys[i], cache.values[i])
-            if self.remat and cache is None:
-                x, layer_cache = nnx.remat(lambda blk, h: blk(h, positions_BT, cos_sin, None))(layer, x)
+            if self.remat:  # also with a cache: the shared-prefix update trains through one
+                x, layer_cache = nnx.remat(lambda blk, h, kv: blk(h, positions_BT, cos_sin, kv))(layer, x, layer_cache)
             else:
                 x, layer_cache = layer(x, positions_BT, cos_sin, layer_cache)
             if layer_cache is not None:
@@ -222,10 +222,13 @@ class Transformer(nnx.Module):
                 new_v.append(layer_cache[1])
         return self.final_norm(x), (None if cache is None else KVCache(new_k, new_v))
 
+    def head(self):
+        """The output projection [D, V] (the embedding's transpose when tied)."""
+        return self.embed[...].T if self.cfg.tie_embeddings else self.lm_head[...]
+
     def logits(self, hidden_XD):
         """Float32 logits over the vocabulary for hidden states of any leading shape."""
-        head = self.embed[...].T if self.cfg.tie_embeddings else self.lm_head[...]
-        return jnp.matmul(hidden_XD, head, preferred_element_type=jnp.float32)
+        return jnp.matmul(hidden_XD, self.head(), preferred_element_type=jnp.float32)
 
 
 def init_model(cfg: ModelConfig, seed: int = 0) -> Transformer:

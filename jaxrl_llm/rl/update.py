@@ -5,24 +5,24 @@ optimizer state. Inside, micro-batches are a `lax.scan` that sums gradients (los
 batch-wide, so accumulation is exact); a non-finite loss or gradient leaves the state unchanged
 and is reported. Loss coefficients and the learning rate are traced values, never constants.
 
-Batch rows (all [N, L] or [N]): tokens, loss_mask (tokens trained on), old_logp (sampler log-probs
-at the same positions), advantages, temperature, valid.
+Batches come in two layouts (rl/layout.py, rl/forward.py): `rows`, [N, L] prompt + response per
+row, and `shared`, each context once per micro-batch with rows carrying only their own tokens.
 """
 
 from __future__ import annotations
 
 import dataclasses
+
 import jax
 import jax.numpy as jnp
 import optax
-from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxrl_llm.parallel.rules import row_sharding
-from jaxrl_llm.rl.losses import aggregate, clipped_token_loss, kl_penalty, token_logprobs
-
-BATCH_KEYS = ("tokens", "loss_mask", "old_logp", "advantages", "temperature", "valid")
+from jaxrl_llm.parallel.rules import row_sharding, spec_for
+from jaxrl_llm.rl.forward import merged_model, rows_logp, shared_logp
+from jaxrl_llm.rl.layout import ROWS_KEYS, SHARED_KEYS
+from jaxrl_llm.rl.losses import aggregate, clipped_token_loss, kl_penalty
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,8 +33,10 @@ class UpdateSpec:
     loss_agg: str = "token-mean"
     kl_estimator: str = "k3"
     use_kl: bool = False
-    micro_batches: int = 1
+    micro_batches: int = 1  # rows layout: slices per batch (the shared layout arrives cut)
     compute_dtype: str = "float32"
+    layout: str = "rows"  # rows | shared (rl/layout.py)
+    logit_chunk: int = 32  # shared layout: positions per chunk of the head and log-softmax
 
 
 def lr_schedule(lr: float, *, warmup_steps: int = 0, schedule: str = "constant", total_steps: int = 1):
@@ -79,36 +81,30 @@ def _split_micro(x, m: int):
     return x.reshape(x.shape[0] // m, m, *x.shape[1:]).swapaxes(0, 1)
 
 
-def _cast(tree, dtype):
-    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
-
-
-def _forward_logp(graphdef, compute_dtype: str, params, tokens_NL, temperature_N):
-    """Tempered log-prob [N, L-1] of each token given the ones before it, in the compute dtype."""
-    model = nnx.merge(graphdef, _cast(params, jnp.dtype(compute_dtype)))
-    inputs = tokens_NL[:, :-1]
-    positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
-    hidden, _ = model(inputs, positions)
-    return token_logprobs(model.logits(hidden), tokens_NL[:, 1:], temperature_N)
+def _logp_mask_old(graphdef, spec: UpdateSpec, params, mb):
+    """(log-prob, loss mask, old log-prob) at the positions of the tokens they score, [rows, length]."""
+    model = merged_model(graphdef, params, spec.compute_dtype)
+    if spec.layout == "shared":
+        return (shared_logp(model, mb, chunk=spec.logit_chunk), mb["loss_mask"] & mb["valid"][:, None],
+                mb["old_logp"])
+    return (rows_logp(model, mb["tokens"], mb["temperature"]), mb["loss_mask"][:, 1:] & mb["valid"][:, None],
+            mb["old_logp"][:, 1:])
 
 
 def _loss_terms(graphdef, spec: UpdateSpec, params, ref_params, mb, coefs, norms):
-    logp = _forward_logp(graphdef, spec.compute_dtype, params, mb["tokens"], mb["temperature"])
-    mask = mb["loss_mask"][:, 1:] & mb["valid"][:, None]
+    logp, mask, old = _logp_mask_old(graphdef, spec, params, mb)
     maskf = mask.astype(jnp.float32)
     if spec.mode == "sft":
         loss_tok = -logp
         low = high = dual = jnp.zeros_like(mask)
         gap = jnp.zeros(())
     else:
-        old = mb["old_logp"][:, 1:]
         loss_tok, low, high, dual = clipped_token_loss(logp, old, mb["advantages"], eps_low=coefs["eps_low"],
                                                        eps_high=coefs["eps_high"], dual_clip=coefs["dual_clip"])
         gap = jnp.sum(jnp.abs(jax.lax.stop_gradient(logp) - old) * maskf)
     kl = jnp.zeros(())
     if spec.use_kl:
-        ref_logp = jax.lax.stop_gradient(
-            _forward_logp(graphdef, spec.compute_dtype, ref_params, mb["tokens"], mb["temperature"]))
+        ref_logp = jax.lax.stop_gradient(_logp_mask_old(graphdef, spec, ref_params, mb)[0])
         kl_tok = kl_penalty(logp, ref_logp, spec.kl_estimator)
         loss_tok = loss_tok + coefs["kl_coef"] * kl_tok
         kl = jnp.sum(jax.lax.stop_gradient(kl_tok) * maskf)
@@ -119,13 +115,20 @@ def _loss_terms(graphdef, spec: UpdateSpec, params, ref_params, mb, coefs, norms
 
 
 def update_fn(graphdef, spec: UpdateSpec, optimizer, params, opt_state, batch, coefs, ref_params=None):
-    """One optimizer step (pure). Returns (params, opt_state, metrics)."""
-    mask = batch["loss_mask"][:, 1:] & batch["valid"][:, None]
+    """One optimizer step (pure). Returns (params, opt_state, metrics).
+
+    `rows` layout: batch arrays [N, ...], cut here into spec.micro_batches slices. `shared` layout
+    (rl/layout.py): arrays already [M, ...] per micro-batch."""
+    if spec.layout == "shared":
+        mask = batch["loss_mask"] & batch["valid"][..., None]
+        micro = {k: batch[k] for k in SHARED_KEYS}
+    else:
+        mask = batch["loss_mask"][:, 1:] & batch["valid"][:, None]
+        micro = {k: _split_micro(batch[k], spec.micro_batches) for k in ROWS_KEYS}
     tokens_total = jnp.sum(mask.astype(jnp.float32))
     norms = {"total_tokens": tokens_total,
-             "total_seqs": jnp.sum((jnp.sum(mask, axis=1) > 0).astype(jnp.float32)),
+             "total_seqs": jnp.sum((jnp.sum(mask, axis=-1) > 0).astype(jnp.float32)),
              "norm_len": coefs["norm_len"]}
-    micro = {k: _split_micro(batch[k], spec.micro_batches) for k in BATCH_KEYS}
     grad_fn = jax.value_and_grad(
         lambda p, mb: _loss_terms(graphdef, spec, p, ref_params, mb, coefs, norms), has_aux=True)
 
@@ -164,39 +167,56 @@ def shardings_of(tree):
     return jax.tree.map(lambda x: x.sharding, tree)
 
 
-def make_update(graphdef, spec: UpdateSpec, optimizer, params, opt_state, mesh: Mesh, rows: int):
-    """The jitted update for batches of `rows` rows; params/opt_state must already be placed.
+def batch_shardings(mesh: Mesh, spec: UpdateSpec, batch: dict) -> dict:
+    """Rows over the mesh's batch axes (where they divide), every other axis whole; in the shared
+    layout the leading axis is the micro-batch, and rows and contexts are the second."""
+    lead = (None,) if spec.layout == "shared" else ()
+    return {k: NamedSharding(mesh, spec_for(v.shape, lead + ("batch",) + (None,) * (v.ndim - 1 - len(lead)), mesh))
+            for k, v in batch.items()}
+
+
+def make_update(graphdef, spec: UpdateSpec, optimizer, params, opt_state, mesh: Mesh):
+    """The jitted update; params/opt_state must already be placed. One program per batch shape
+    (the layouts bucket their shapes, so a run builds a handful).
 
     The returned `run(params, opt_state, batch, coefs, ref_params=None)` takes the KL reference per
     call (laid out like the parameters), so the trainer can fix it when RL starts, after any SFT.
     """
-    batch_sh = {k: row_sharding(mesh, rows, 2 if k in ("tokens", "loss_mask", "old_logp") else 1)
-                for k in BATCH_KEYS}
+    keys = SHARED_KEYS if spec.layout == "shared" else ROWS_KEYS
     replicated = NamedSharding(mesh, P())
     param_sh, opt_sh = shardings_of(params), shardings_of(opt_state)
-    in_sh = (param_sh, opt_sh, batch_sh, replicated) + ((param_sh,) if spec.use_kl else ())
-    step = jax.jit(
-        lambda p, o, b, c, *ref: update_fn(graphdef, spec, optimizer, p, o, b, c, ref[0] if ref else None),
-        in_shardings=in_sh, out_shardings=(param_sh, opt_sh, replicated), donate_argnums=(0, 1))
+    programs = {}
+
+    def program(batch_sh):
+        sig = tuple((k, batch_sh[k].spec) for k in keys)
+        if sig not in programs:
+            in_sh = (param_sh, opt_sh, batch_sh, replicated) + ((param_sh,) if spec.use_kl else ())
+            programs[sig] = jax.jit(
+                lambda p, o, b, c, *ref: update_fn(graphdef, spec, optimizer, p, o, b, c, ref[0] if ref else None),
+                in_shardings=in_sh, out_shardings=(param_sh, opt_sh, replicated), donate_argnums=(0, 1))
+        return programs[sig]
 
     def run(params, opt_state, batch, coefs, ref_params=None):
         if spec.use_kl and ref_params is None:
             raise ValueError("this update has a KL term (kl_coef > 0): pass ref_params")
-        batch = {k: jax.device_put(batch[k], batch_sh[k]) for k in BATCH_KEYS}
+        batch = {k: batch[k] for k in keys}
+        batch_sh = batch_shardings(mesh, spec, batch)
+        batch = {k: jax.device_put(v, batch_sh[k]) for k, v in batch.items()}
         coefs = {k: jnp.asarray(v, jnp.float32) for k, v in coefs.items()}
-        return step(params, opt_state, batch, coefs, *((ref_params,) if spec.use_kl else ()))
+        return program(batch_sh)(params, opt_state, batch, coefs, *((ref_params,) if spec.use_kl else ()))
 
     return run
 
 
 def make_logprobs(graphdef, compute_dtype: str, params, mesh: Mesh, rows: int):
-    """Jitted tempered log-probs [rows, L] of a batch's tokens under `params`, computed exactly as the
-    update's forward computes them (same dtype, same positions), 0 at position 0. Used to recompute
-    old log-probs with the trainer's forward (`algo.recompute_old_logp`)."""
+    """Jitted tempered log-probs [rows, L] of a batch's tokens under `params` (rows layout, the update's
+    dtype and positions), 0 at position 0. Used to recompute old log-probs with the trainer's forward
+    (`algo.recompute_old_logp`)."""
     tok_sh, row_sh = row_sharding(mesh, rows, 2), row_sharding(mesh, rows, 1)
 
     def logprobs(p, tokens, temperature):
-        return jnp.pad(_forward_logp(graphdef, compute_dtype, p, tokens, temperature), ((0, 0), (1, 0)))
+        model = merged_model(graphdef, p, compute_dtype)
+        return jnp.pad(rows_logp(model, tokens, temperature), ((0, 0), (1, 0)))
 
     fn = jax.jit(logprobs, in_shardings=(shardings_of(params), tok_sh, row_sh), out_shardings=tok_sh)
     return lambda p, tokens, temperature: fn(p, jax.device_put(tokens, tok_sh), jax.device_put(temperature, row_sh))

@@ -28,6 +28,7 @@ from jaxrl_llm.model.hf_io import export_hf_folder
 from jaxrl_llm.model.tokenizer import pad_id, stop_ids
 from jaxrl_llm.parallel.mesh import make_mesh
 from jaxrl_llm.rewards.pool import RewardPool
+from jaxrl_llm.rl.layout import contexts_bound, rows_layout, shared_layout
 from jaxrl_llm.rl.update import UpdateSpec, init_optimizer, make_logprobs, make_optimizer, make_update
 from jaxrl_llm.sampling.sampler import Sampler
 from jaxrl_llm.train.checkpoint import Checkpointer
@@ -92,7 +93,8 @@ class Run:
             raise ValueError("no training prompts left (all dropped as longer than data.max_prompt_len?)")
         model_cfg = self.policy.model_cfg
         self.sampler = Sampler(self.policy.graphdef, pad_id=pad_id(tok), stop_ids=stop_ids(tok, model_cfg.eos_token_ids),
-                               max_cache_len=model_cfg.max_position_embeddings, mesh=self.mesh)
+                               max_cache_len=model_cfg.max_position_embeddings, mesh=self.mesh,
+                               share_prefill=cfg.rollout.shared_prefix)
         self.rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size
         o = cfg.optim
         self.optimizer = make_optimizer(o.lr, warmup_steps=o.warmup_steps, schedule=o.schedule,
@@ -104,9 +106,9 @@ class Run:
         self.ref_params = None  # the policy at the start of RL (after any SFT), held only when kl_coef > 0
         spec = UpdateSpec(mode="rl", loss_agg=cfg.algo.loss_agg, kl_estimator=cfg.algo.kl_estimator,
                           use_kl=cfg.algo.kl_coef > 0, micro_batches=max(1, mb_rows // cfg.algo.micro_batch),
-                          compute_dtype=cfg.model.compute_dtype)
-        self.update = make_update(self.policy.graphdef, spec, self.optimizer, self.params, self.opt_state,
-                                  self.mesh, mb_rows)
+                          compute_dtype=cfg.model.compute_dtype,
+                          layout="shared" if cfg.rollout.shared_prefix else "rows")
+        self.update = make_update(self.policy.graphdef, spec, self.optimizer, self.params, self.opt_state, self.mesh)
         self.recompute_logp = make_logprobs(self.policy.graphdef, cfg.model.compute_dtype, self.params, self.mesh,
                                             self.rows) if cfg.algo.recompute_old_logp else None
         self.sample_dtype = jnp.dtype(cfg.model.compute_dtype)
@@ -193,7 +195,7 @@ class Run:
         spec = UpdateSpec(mode="sft", micro_batches=max(1, rows // cfg.algo.micro_batch),
                           compute_dtype=cfg.model.compute_dtype)
         self.sft_update = make_update(self.policy.graphdef, spec, self.sft_opt, self.params, self.sft_opt_state,
-                                      self.mesh, rows)
+                                      self.mesh)
 
     def run_sft(self, writer: MetricsWriter, stop: "_StopFlag") -> None:
         """SFT steps from the current one on; returns early (the caller checkpoints) when a stop is asked."""
@@ -235,14 +237,18 @@ class Run:
                 if mask.any() else 0.0
             full["old_logp"] = trainer_logp.astype(np.float32)
         mb_rows = self.rows // cfg.algo.minibatches
-        ups = []
+        ups, positions = [], 0
         for epoch in range(cfg.algo.ppo_epochs):
             order = np.arange(self.rows) if cfg.algo.minibatches == 1 else np.asarray(
                 jax.random.permutation(jax.random.fold_in(self.key(PHASE_MINIBATCH, self.step), epoch), self.rows))
             for m in range(cfg.algo.minibatches):
                 idx = order[m * mb_rows:(m + 1) * mb_rows]
-                self.params, self.opt_state, um = self.update(self.params, self.opt_state,
-                                                              {k: v[idx] for k, v in full.items()}, _coefs(cfg),
+                micro_rows = min(cfg.algo.micro_batch, mb_rows)
+                batch = shared_layout(full, idx, micro_rows,
+                                      min_contexts=contexts_bound(micro_rows, cfg.rollout.group_size)) \
+                    if cfg.rollout.shared_prefix else rows_layout(full, idx)
+                positions += batch["tokens"].size + batch.get("ctx_tokens", np.zeros(0)).size
+                self.params, self.opt_state, um = self.update(self.params, self.opt_state, batch, _coefs(cfg),
                                                               self.ref_params)
                 ups.append(um)
         ups = jax.device_get(ups)
@@ -258,9 +264,9 @@ class Run:
             "logp_gap_sampler_trainer": float(first["logp_gap"]),
             "skipped_nonfinite": int(sum(u["skipped_nonfinite"] for u in ups)),
             "update_tokens_per_s": float(sum(u["update_tokens"] for u in ups) / max(t2 - t1, 1e-9)),
-            # every position of every row goes through forward and backward, loss-bearing or not
-            "update_positions_per_s": float(len(ups) * mb_rows * (full["tokens"].shape[1] - 1)
-                                            / max(t2 - t1, 1e-9)),
+            # positions that go through forward and backward (contexts once each in the shared layout),
+            # loss-bearing or padding
+            "update_positions_per_s": float(positions / max(t2 - t1, 1e-9)),
             "time_update_s": t2 - t1, "time_step_s": t2 - t0,
             "time_other_s": (t2 - t0) - metrics["time_sample_s"] - metrics["time_reward_s"] - (t2 - t1),
             "compilations": compile_counter.compilations(), "reward_errors": pool.stats.errors,

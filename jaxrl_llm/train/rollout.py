@@ -69,7 +69,8 @@ def collect(sampler: Sampler, params, pool: RewardPool, tok, cfg: Config, batch:
 
 
 def update_batch(r: Rollouts) -> dict[str, np.ndarray]:
+    """The rows of rl/layout.py: a row's context is its prompt plus any given prefix (never trained on)."""
     out = r.out
-    return {"tokens": out.tokens, "loss_mask": out.response_mask, "old_logp": out.logprobs,
-            "advantages": r.advantages.astype(np.float32), "temperature": out.temperature.astype(np.float32),
-            "valid": np.ones(len(r.rewards), bool)}
+    return {"tokens": out.tokens, "context_len": out.context_len.astype(np.int32), "loss_mask": out.response_mask,
+            "old_logp": out.logprobs, "advantages": r.advantages.astype(np.float32),
+            "temperature": out.temperature.astype(np.float32), "valid": np.ones(len(r.rewards), bool)}

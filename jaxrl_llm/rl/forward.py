@@ -1,0 +1,85 @@
+"""The update's log-prob forwards, in two batch layouts (rl/layout.py builds them).
+
+`rows`: every row is prompt + response [N, L]; the whole row goes through the model and the head.
+This is the plain reference form (and SFT's).
+
+`shared`: each group's context (prompt, or prompt + a replayed prefix) is encoded once; rows carry
+only their own tokens. The contexts run through the model with a KV cache of S = Lc + Ls - 1 slots,
+each row takes its context's cache (a gather, so gradients from all its rows flow back into the one
+context) and runs its tokens at positions ctx_len + i, attending to the context's keys and to its
+own causal suffix: slot index is position, exactly as in the sampler's decode. The first token's
+log-prob comes from the context's last hidden state. The head and log-softmax run only on the
+rows' positions, in checkpointed chunks, so [rows, length, vocab] float32 logits never exist whole.
+
+Shapes: G contexts, Lc context slots, R rows, Ls row tokens, D width, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxrl_llm.model.transformer import KVCache, Transformer
+from jaxrl_llm.rl.losses import token_logprobs
+
+
+def cast_floats(tree, dtype):
+    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+
+def merged_model(graphdef, params, compute_dtype: str) -> Transformer:
+    return nnx.merge(graphdef, cast_floats(params, jnp.dtype(compute_dtype)))
+
+
+def rows_logp(model: Transformer, tokens_NL, temperature_N):
+    """Tempered log-prob [N, L-1] of tokens[:, 1:] given the tokens before them."""
+    inputs = tokens_NL[:, :-1]
+    positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
+    hidden, _ = model(inputs, positions)
+    return token_logprobs(model.logits(hidden), tokens_NL[:, 1:], temperature_N)
+
+
+def chunked_logp(hidden_RLD, head_DV, targets_RL, temperature_R, chunk: int):
+    """token_logprobs(hidden @ head) computed `chunk` positions at a time; each chunk's logits are
+    recomputed in the backward pass instead of stored."""
+    r, length, d = hidden_RLD.shape
+    chunk = min(chunk, length)
+    if length % chunk:
+        raise ValueError(f"logit chunk {chunk} does not divide the row length {length}")
+    n = length // chunk
+
+    @jax.checkpoint
+    def one(h_RCD, t_RC, head):
+        logits = jnp.matmul(h_RCD, head, preferred_element_type=jnp.float32)
+        return token_logprobs(logits, t_RC, temperature_R)
+
+    h = hidden_RLD.reshape(r, n, chunk, d).swapaxes(0, 1)
+    t = targets_RL.reshape(r, n, chunk).swapaxes(0, 1)
+    out = jax.lax.map(lambda xs: one(xs[0], xs[1], head_DV), (h, t))  # [n, R, chunk]
+    return out.swapaxes(0, 1).reshape(r, length)
+
+
+def shared_logp(model: Transformer, mb: dict, *, chunk: int = 32):
+    """Tempered log-prob [R, Ls] of each row's tokens (position ctx_len + i for token i) given its
+    context and the row's tokens before it.
+
+    mb: ctx_tokens [G, Lc], ctx_len [G], tokens [R, Ls], row_ctx [R] (index into the contexts),
+    temperature [R]."""
+    ctx_tokens, ctx_len = mb["ctx_tokens"], mb["ctx_len"]
+    tokens, row_ctx = mb["tokens"], mb["row_ctx"]
+    g, lc = ctx_tokens.shape
+    r, ls = tokens.shape
+    dtype = model.embed[...].dtype
+    cache = KVCache.zeros(model.cfg, g, lc + ls - 1, dtype=dtype)
+    ctx_hidden, cache = model(ctx_tokens, jnp.broadcast_to(jnp.arange(lc), (g, lc)), cache)
+    row_len = ctx_len[row_ctx]  # [R]
+    first_hidden = ctx_hidden[row_ctx, row_len - 1]  # [R, D]: predicts each row's first token
+    if ls > 1:
+        row_cache = KVCache([k[row_ctx] for k in cache.keys], [v[row_ctx] for v in cache.values])
+        positions = row_len[:, None] + jnp.arange(ls - 1)[None, :]
+        row_hidden, _ = model(tokens[:, :-1], positions, row_cache)
+        hidden = jnp.concatenate([first_hidden[:, None], row_hidden], axis=1)
+    else:
+        hidden = first_hidden[:, None]
+    return chunked_logp(hidden, model.head(), tokens, mb["temperature"], chunk)
