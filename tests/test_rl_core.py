@@ -285,3 +285,15 @@ def test_update_variants_agree_with_the_plain_update(tiny_model, variant):
         assert jax.tree.leaves(params)[0].dtype == np.float32  # master weights stay float32
     assert float(m["loss"]) == pytest.approx(float(plain["loss"]), abs=tol * 10)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=tol), plain_params, params)
+
+
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 fake devices")
+def test_adam_moments_are_sharded_like_the_parameters(tiny_model):
+    mesh = make_mesh({"fsdp": 4, "tensor": 2})
+    params = shard_state(jax.tree.map(jnp.copy, nnx.state(tiny_model)), mesh)
+    opt_state = init_optimizer(make_optimizer(1e-3), params, mesh)
+    adam = opt_state[1].inner_state[0]
+    for moments in (adam.mu, adam.nu):
+        for p, m in zip(jax.tree.leaves(params), jax.tree.leaves(moments)):
+            assert m.sharding.is_equivalent_to(p.sharding, p.ndim), (m.sharding, p.sharding)
+    assert any(not p.sharding.is_fully_replicated for p in jax.tree.leaves(params))

@@ -153,14 +153,22 @@ def update_fn(graphdef, spec: UpdateSpec, optimizer, params, opt_state, batch, c
     return keep(new_params, params), keep(new_opt, opt_state), metrics
 
 
-def init_optimizer(optimizer, params, mesh: Mesh):
-    """Optimizer state laid out like the parameters it mirrors; scalars (step counts, hyperparameters)
-    replicated over the mesh."""
-    state = jax.jit(optimizer.init)(params)
+def optimizer_shardings(optimizer, params, mesh: Mesh):
+    """Shardings of `optimizer`'s state for `params` (arrays or ShapeDtypeStructs with shardings): every
+    subtree shaped like the parameters (Adam's moments) sharded like them, scalars (step counts,
+    hyperparameters) replicated over the mesh."""
+    param_def = jax.tree.structure(params)
+    param_sh = shardings_of(params)
     replicated = NamedSharding(mesh, P())
-    mesh_devices = set(mesh.devices.flat)
-    return jax.tree.map(lambda x: x if set(x.sharding.device_set) == mesh_devices else jax.device_put(x, replicated),
-                        state)
+    like_params = lambda node: jax.tree.structure(node) == param_def  # noqa: E731
+    return jax.tree.map(lambda node: param_sh if like_params(node) else replicated,
+                        jax.eval_shape(optimizer.init, params), is_leaf=like_params)
+
+
+def init_optimizer(optimizer, params, mesh: Mesh):
+    """Optimizer state created in place, laid out by `optimizer_shardings`. (Without out_shardings,
+    init returned the moments on one device and they were copied whole to every device.)"""
+    return jax.jit(optimizer.init, out_shardings=optimizer_shardings(optimizer, params, mesh))(params)
 
 
 def shardings_of(tree):
