@@ -85,6 +85,8 @@ def _cmd_eval(args) -> int:
 def _cmd_bench(args) -> int:
     if args.what == "sampler":
         from jaxrl_llm.bench.sampler_bench import main as bench_main
+    elif args.what == "step":
+        from jaxrl_llm.bench.step_bench import main as bench_main
     else:
         from jaxrl_llm.bench.memory import main as bench_main
     return bench_main(args.rest)
@@ -124,9 +126,10 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="parameter dtype")
     p.set_defaults(fn=_cmd_sample)
 
-    p = sub.add_parser("bench", help="benchmarks: `bench sampler --help`, `bench memory --help`")
-    p.add_argument("what", choices=("sampler", "memory"),
-                   help="sampler: ours vs transformers generate; memory: XLA's memory analysis of the update")
+    p = sub.add_parser("bench", help="benchmarks: `bench sampler|step|memory --help`")
+    p.add_argument("what", choices=("sampler", "step", "memory"),
+                   help="sampler: ours vs transformers generate; step: a training step's phases with the shared "
+                        "prefix on and off; memory: XLA's memory analysis of the update")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own options")
     p.set_defaults(fn=_cmd_bench)
 

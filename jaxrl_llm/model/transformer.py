@@ -124,7 +124,11 @@ class Attention(nnx.Module):
             self.q_norm = RMSNorm(e, cfg.rms_norm_eps, dt)
             self.k_norm = RMSNorm(e, cfg.rms_norm_eps, dt)
 
-    def __call__(self, x_BTD, positions_BT, cos_sin, cache_kv):
+    def __call__(self, x_BTD, positions_BT, cos_sin, cache_kv, prefix=None):
+        """Without a cache: causal attention over the given tokens, after the keys and values of an
+        optional `prefix` (keys [B, K, E, P], values [B, K, P, E], positions [B, P]; slots to ignore
+        carry a position past every query). Returns (y, (keys, values)): the cache's keys and values
+        when there is one, else this call's own."""
         cfg = self.cfg
         q = jnp.einsum("btd,dhe->bthe", x_BTD, self.q[...])
         k = jnp.einsum("btd,dke->btke", x_BTD, self.k[...])
@@ -136,14 +140,21 @@ class Attention(nnx.Module):
         q = rope(q, cos_sin)
         k = rope(k, cos_sin)
 
-        if cache_kv is None:  # full causal attention over the given tokens
+        if cache_kv is None:  # full causal attention over the given tokens (and the prefix)
             keys, values, key_pos_BS = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3), positions_BT
+            own = (keys, values)
+            if prefix is not None:
+                pk, pv, ppos = prefix
+                keys = jnp.concatenate([pk.astype(keys.dtype), keys], axis=-1)
+                values = jnp.concatenate([pv.astype(values.dtype), values], axis=2)
+                key_pos_BS = jnp.concatenate([ppos, positions_BT], axis=1)
         else:  # write this step's keys into their position slots, attend over the whole cache
             cache_k, cache_v = cache_kv
             rows = jnp.arange(x_BTD.shape[0])[:, None]
             keys = cache_k.at[rows, :, :, positions_BT].set(k.astype(cache_k.dtype))
             values = cache_v.at[rows, :, positions_BT].set(v.astype(cache_v.dtype))
             key_pos_BS = jnp.broadcast_to(jnp.arange(values.shape[2]), values.shape[:1] + values.shape[2:3])
+            own = (keys, values)
 
         b, t, h, e = q.shape
         kh, g = cfg.num_kv_heads, h // cfg.num_kv_heads
@@ -163,7 +174,7 @@ class Attention(nnx.Module):
         y = jnp.einsum("bthe,hed->btd", out, self.o[...])
         if cfg.out_bias:
             y = y + self.o_bias[...]
-        return y, (None if cache_kv is None else (keys, values))
+        return y, own
 
 
 class MLP(nnx.Module):
@@ -187,8 +198,8 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dt)
         self.mlp = MLP(cfg, rngs)
 
-    def __call__(self, x_BTD, positions_BT, cos_sin, cache_kv):
-        a, cache_kv = self.attn(self.attn_norm(x_BTD), positions_BT, cos_sin, cache_kv)
+    def __call__(self, x_BTD, positions_BT, cos_sin, cache_kv, prefix=None):
+        a, cache_kv = self.attn(self.attn_norm(x_BTD), positions_BT, cos_sin, cache_kv, prefix)
         x_BTD = x_BTD + a
         return x_BTD + self.mlp(self.mlp_norm(x_BTD)), cache_kv
 
@@ -206,21 +217,28 @@ class Transformer(nnx.Module):
             self.lm_head = _param(nnx.initializers.normal(0.02), rngs.params(), (cfg.hidden_size, cfg.vocab_size), dt,
                                   ("embed", "vocab"))
 
-    def __call__(self, tokens_BT, positions_BT, cache: KVCache | None = None):
-        """Returns final-normed hidden states [B, T, D] and the updated cache (None without one)."""
+    def __call__(self, tokens_BT, positions_BT, cache: KVCache | None = None, *, prefix=None,
+                 return_kv: bool = False):
+        """Returns final-normed hidden states [B, T, D] and the updated cache (None without one).
+
+        Without a cache, `prefix` = (KVCache of P slots, positions [B, P]) is attended to before the
+        tokens (the shared-prefix update), and `return_kv` returns this call's keys and values as a
+        KVCache of T slots instead of None."""
         x = jnp.take(self.embed[...], tokens_BT, axis=0)
         cos_sin = rope_angles(positions_BT, self.cfg.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling)
         new_k, new_v = [], []
         for i, layer in enumerate(self.layers):
             layer_cache = None if cache is None else (cache.keys[i], cache.values[i])
-            if self.remat:  # also with a cache: the shared-prefix update trains through one
-                x, layer_cache = nnx.remat(lambda blk, h, kv: blk(h, positions_BT, cos_sin, kv))(layer, x, layer_cache)
+            layer_prefix = None if prefix is None else (prefix[0].keys[i], prefix[0].values[i], prefix[1])
+            if self.remat:  # also with a cache or a prefix: the shared-prefix update trains through them
+                x, kv = nnx.remat(lambda blk, h, c, pre: blk(h, positions_BT, cos_sin, c, pre))(
+                    layer, x, layer_cache, layer_prefix)
             else:
-                x, layer_cache = layer(x, positions_BT, cos_sin, layer_cache)
-            if layer_cache is not None:
-                new_k.append(layer_cache[0])
-                new_v.append(layer_cache[1])
-        return self.final_norm(x), (None if cache is None else KVCache(new_k, new_v))
+                x, kv = layer(x, positions_BT, cos_sin, layer_cache, layer_prefix)
+            new_k.append(kv[0])
+            new_v.append(kv[1])
+        keep = cache is not None or return_kv
+        return self.final_norm(x), (KVCache(new_k, new_v) if keep else None)
 
     def head(self):
         """The output projection [D, V] (the embedding's transpose when tied)."""

@@ -4,10 +4,11 @@
 This is the plain reference form (and SFT's).
 
 `shared`: each group's context (prompt, or prompt + a replayed prefix) is encoded once; rows carry
-only their own tokens. The contexts run through the model with a KV cache of S = Lc + Ls - 1 slots,
-each row takes its context's cache (a gather, so gradients from all its rows flow back into the one
-context) and runs its tokens at positions ctx_len + i, attending to the context's keys and to its
-own causal suffix: slot index is position, exactly as in the sampler's decode. The first token's
+only their own tokens. The contexts run through the model returning their keys and values; each
+row takes its context's (a gather, so gradients from all its rows flow back into the one context)
+and runs its tokens at positions ctx_len + i, attending to the context's keys (its padding slots
+masked by position) and to its own causal suffix, with the positions, RoPE and masks of the plain
+forward over context + row. The first token's
 log-prob comes from the context's last hidden state. The head and log-softmax run only on the
 rows' positions, in checkpointed chunks, so [rows, length, vocab] float32 logits never exist whole.
 
@@ -42,9 +43,12 @@ def rows_logp(model: Transformer, tokens_NL, temperature_N):
 
 def chunked_logp(hidden_RLD, head_DV, targets_RL, temperature_R, chunk: int):
     """token_logprobs(hidden @ head) computed `chunk` positions at a time; each chunk's logits are
-    recomputed in the backward pass instead of stored."""
+    recomputed in the backward pass instead of stored. Rows no longer than one chunk take the plain
+    path (nothing to gain from recomputing)."""
     r, length, d = hidden_RLD.shape
-    chunk = min(chunk, length)
+    if length <= chunk:
+        return token_logprobs(jnp.matmul(hidden_RLD, head_DV, preferred_element_type=jnp.float32), targets_RL,
+                              temperature_R)
     if length % chunk:
         raise ValueError(f"logit chunk {chunk} does not divide the row length {length}")
     n = length // chunk
@@ -70,15 +74,16 @@ def shared_logp(model: Transformer, mb: dict, *, chunk: int = 32):
     tokens, row_ctx = mb["tokens"], mb["row_ctx"]
     g, lc = ctx_tokens.shape
     r, ls = tokens.shape
-    dtype = model.embed[...].dtype
-    cache = KVCache.zeros(model.cfg, g, lc + ls - 1, dtype=dtype)
-    ctx_hidden, cache = model(ctx_tokens, jnp.broadcast_to(jnp.arange(lc), (g, lc)), cache)
+    slots = jnp.arange(lc)
+    ctx_hidden, ctx_kv = model(ctx_tokens, jnp.broadcast_to(slots, (g, lc)), return_kv=True)
     row_len = ctx_len[row_ctx]  # [R]
     first_hidden = ctx_hidden[row_ctx, row_len - 1]  # [R, D]: predicts each row's first token
     if ls > 1:
-        row_cache = KVCache([k[row_ctx] for k in cache.keys], [v[row_ctx] for v in cache.values])
+        # the context's padding slots get a position no query reaches
+        prefix_pos = jnp.where(slots[None, :] < row_len[:, None], slots[None, :], jnp.iinfo(jnp.int32).max)
+        prefix = (KVCache([k[row_ctx] for k in ctx_kv.keys], [v[row_ctx] for v in ctx_kv.values]), prefix_pos)
         positions = row_len[:, None] + jnp.arange(ls - 1)[None, :]
-        row_hidden, _ = model(tokens[:, :-1], positions, row_cache)
+        row_hidden, _ = model(tokens[:, :-1], positions, prefix=prefix)
         hidden = jnp.concatenate([first_hidden[:, None], row_hidden], axis=1)
     else:
         hidden = first_hidden[:, None]
