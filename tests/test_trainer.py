@@ -104,14 +104,21 @@ def _wait_for_row(proc, metrics: Path, pattern: str, timeout: float = 240):
     raise AssertionError(f"no {pattern!r} row in {metrics} (process exit {proc.poll()})")
 
 
-def test_sigterm_during_rl_saves_a_checkpoint_and_exits_cleanly(tmp_path):
-    cfg = _tiny_cfg(tmp_path, "train.steps=400", "train.checkpoint_every=1000")
-    metrics = Path(cfg.train.out_dir) / "metrics.jsonl"
+def _sigterm_after_row(tmp_path, cfg, pattern: str) -> str:
+    """Train `cfg` in a subprocess, SIGTERM it once metrics.jsonl has a row matching `pattern`; the
+    process must exit 0. Returns its output."""
     proc = _spawn_train(tmp_path, cfg)
-    _wait_for_row(proc, metrics, '"kind": "train"')
+    _wait_for_row(proc, Path(cfg.train.out_dir) / "metrics.jsonl", pattern)
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out[-2000:]
+    return out
+
+
+def test_sigterm_during_rl_saves_a_checkpoint_and_exits_cleanly(tmp_path):
+    cfg = _tiny_cfg(tmp_path, "train.steps=400", "train.checkpoint_every=1000")
+    metrics = Path(cfg.train.out_dir) / "metrics.jsonl"
+    out = _sigterm_after_row(tmp_path, cfg, '"kind": "train"')
     last = max(json.loads(ln)["step"] for ln in metrics.read_text().splitlines())
     assert 1 <= last < 400 and f"stopped by signal; saved RL step {last} to " in out, out[-2000:]
     run = Run(cfg, log=lambda *a: None)
@@ -123,11 +130,7 @@ def test_sigterm_during_sft_saves_sft_progress_and_resume_does_not_redo_it(tmp_p
     continues from that step (no second pre-SFT evaluation, no SFT step repeated) and goes on to RL."""
     cfg = _tiny_cfg(tmp_path, "sft.steps=100000", "sft.batch_size=16", "train.steps=2")
     metrics = Path(cfg.train.out_dir) / "metrics.jsonl"
-    proc = _spawn_train(tmp_path, cfg)
-    _wait_for_row(proc, metrics, '"kind": "sft"')
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 0, out[-2000:]
+    out = _sigterm_after_row(tmp_path, cfg, '"kind": "sft"')
     found = re.search(r"stopped by signal; saved SFT step (\d+)/100000 \(policy and SFT optimizer state\)", out)
     assert found, out[-2000:]
     reached = int(found.group(1))

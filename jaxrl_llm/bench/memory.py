@@ -96,23 +96,15 @@ def _update_program(cfg, model_cfg, graphdef, optimizer, mesh):
     the trainer's batch layouts."""
     import numpy as np
 
-    from jaxrl_llm.rl import layout
-    from jaxrl_llm.rl.update import UpdateSpec, batch_shardings, update_fn
-    from jaxrl_llm.train.loop import _coefs
+    from jaxrl_llm.rl.update import batch_shardings, update_fn
+    from jaxrl_llm.train.loop import _coefs, minibatch, rl_update_spec
 
     rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size
     mb_rows = rows // cfg.algo.minibatches
-    spec = UpdateSpec(mode="rl", loss_agg=cfg.algo.loss_agg, kl_estimator=cfg.algo.kl_estimator,
-                      use_kl=cfg.algo.kl_coef > 0, micro_batches=max(1, mb_rows // cfg.algo.micro_batch),
-                      compute_dtype=cfg.model.compute_dtype, layout="shared" if cfg.rollout.shared_prefix else "rows")
-    full = _worst_case_rows(cfg, model_cfg)
+    spec = rl_update_spec(cfg)
     # with several minibatches the trainer draws rows at random; a stride spreads them over the groups,
     # the most distinct contexts a micro-batch can get
-    idx = np.arange(mb_rows) * cfg.algo.minibatches
-    micro_rows = min(cfg.algo.micro_batch, mb_rows)
-    batch = layout.shared_layout(full, idx, micro_rows,
-                                 min_contexts=layout.contexts_bound(micro_rows, cfg.rollout.group_size)) \
-        if cfg.rollout.shared_prefix else layout.rows_layout(full, idx)
+    batch = minibatch(cfg, _worst_case_rows(cfg, model_cfg), np.arange(mb_rows) * cfg.algo.minibatches)
 
     def step(params, opt_state, batch, coefs, ref_params=None):
         return update_fn(graphdef, spec, optimizer, params=params, opt_state=opt_state, batch=batch, coefs=coefs,

@@ -71,19 +71,16 @@ def bench(cfg, repeats: int, log=print) -> dict:
     from jax.sharding import PartitionSpec as P
 
     from jaxrl_llm.rewards.pool import RewardPool
-    from jaxrl_llm.rl.layout import contexts_bound, rows_layout, shared_layout
-    from jaxrl_llm.rl.update import UpdateSpec, batch_shardings, init_optimizer, make_update, shardings_of, update_fn
+    from jaxrl_llm.rl.update import batch_shardings, init_optimizer, make_update, shardings_of, update_fn
     from jaxrl_llm.sampling.sampler import Sampler
-    from jaxrl_llm.train.loop import PHASE_ROLLOUT, Run, _coefs
+    from jaxrl_llm.train.loop import PHASE_ROLLOUT, Run, _coefs, minibatch, rl_update_spec
     from jaxrl_llm.train.rollout import collect, update_batch
 
     run = Run(cfg, log=log)
     model_cfg, graphdef = run.policy.model_cfg, run.policy.graphdef
     prompts = [run.train_items[i] for i in next(run.data)]
     key = run.key(PHASE_ROLLOUT, 0)
-    mb_rows = run.rows // cfg.algo.minibatches
-    micro_rows = min(cfg.algo.micro_batch, mb_rows)
-    idx = np.arange(mb_rows)
+    idx = np.arange(run.rows // cfg.algo.minibatches)
     out: dict = {"config": cfg.train.out_dir, "rows": run.rows, "matmul_gflops": matmul_gflops()}
     tokens_seen = None
     with RewardPool(cfg.reward.workers, cfg.reward.timeout_s) as pool:
@@ -103,28 +100,28 @@ def bench(cfg, repeats: int, log=print) -> dict:
             elif not np.array_equal(tokens_seen, rollouts.out.tokens):
                 raise AssertionError("shared and unshared prefill sampled different tokens")
             full = update_batch(rollouts)
-            batch = shared_layout(full, idx, micro_rows, min_contexts=contexts_bound(micro_rows, cfg.rollout.group_size)) \
-                if shared else rows_layout(full, idx)
-            spec = UpdateSpec(mode="rl", loss_agg=cfg.algo.loss_agg, micro_batches=max(1, mb_rows // cfg.algo.micro_batch),
-                              compute_dtype=cfg.model.compute_dtype, layout="shared" if shared else "rows")
+            batch = minibatch(cfg, full, idx, shared)
+            spec = rl_update_spec(cfg, shared)
+            ref = (run.params,) if spec.use_kl else ()  # the reference at the start of RL: the policy itself
             opt_state = init_optimizer(run.optimizer, run.params, run.mesh)
             update = make_update(graphdef, spec, run.optimizer, run.params, opt_state, run.mesh)
             fresh = lambda: (jax.tree.map(lambda x: x.copy(), run.params), jax.tree.map(lambda x: x.copy(), opt_state))  # noqa: E731
             p, o = fresh()
-            jax.block_until_ready(update(p, o, batch, _coefs(cfg)))  # compiles
+            jax.block_until_ready(update(p, o, batch, _coefs(cfg), *ref))  # compiles
             update_s = []
             for _ in range(repeats):
                 p, o = fresh()
                 jax.block_until_ready(p)
-                update_s.append(_timed(lambda: jax.block_until_ready(update(p, o, batch, _coefs(cfg)))))
+                update_s.append(_timed(lambda: jax.block_until_ready(update(p, o, batch, _coefs(cfg), *ref))))
             # the same program, lowered for XLA's analyses
             sh = batch_shardings(run.mesh, spec, batch)
             replicated = NamedSharding(run.mesh, P())
-            compiled = jax.jit(lambda p, o, b, c: update_fn(graphdef, spec, run.optimizer, p, o, b, c),
-                               in_shardings=(shardings_of(run.params), shardings_of(opt_state), sh, replicated),
+            param_sh = shardings_of(run.params)
+            compiled = jax.jit(lambda p, o, b, c, *r: update_fn(graphdef, spec, run.optimizer, p, o, b, c, *r),
+                               in_shardings=(param_sh, shardings_of(opt_state), sh, replicated) + (param_sh,) * len(ref),
                                donate_argnums=(0, 1)).lower(
                 run.params, opt_state, {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in batch.items()},
-                {k: jax.ShapeDtypeStruct((), np.float32) for k in _coefs(cfg)}).compile()
+                {k: jax.ShapeDtypeStruct((), np.float32) for k in _coefs(cfg)}, *ref).compile()
             mem = compiled.memory_analysis()
             peak = mem.argument_size_in_bytes + mem.temp_size_in_bytes + mem.output_size_in_bytes \
                 - mem.alias_size_in_bytes

@@ -28,6 +28,7 @@ from jaxrl_llm.model.hf_io import export_hf_folder
 from jaxrl_llm.model.tokenizer import pad_id, stop_ids
 from jaxrl_llm.parallel.mesh import make_mesh
 from jaxrl_llm.rewards.pool import RewardPool
+from jaxrl_llm.rl.forward import cast_floats
 from jaxrl_llm.rl.layout import contexts_bound, rows_layout, shared_layout
 from jaxrl_llm.rl.update import UpdateSpec, init_optimizer, make_logprobs, make_optimizer, make_update
 from jaxrl_llm.sampling.sampler import Sampler
@@ -60,6 +61,26 @@ class _StopFlag:
     def __exit__(self, *exc):
         for sig, old in self._old.items():
             signal.signal(sig, old)
+
+
+def rl_update_spec(cfg: Config, shared: bool | None = None) -> UpdateSpec:
+    """The RL update's static spec for `cfg` (layout from rollout.shared_prefix unless `shared` says)."""
+    a = cfg.algo
+    mb_rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size // a.minibatches
+    shared = cfg.rollout.shared_prefix if shared is None else shared
+    return UpdateSpec(mode="rl", loss_agg=a.loss_agg, kl_estimator=a.kl_estimator, use_kl=a.kl_coef > 0,
+                      micro_batches=max(1, mb_rows // a.micro_batch), compute_dtype=cfg.model.compute_dtype,
+                      layout="shared" if shared else "rows")
+
+
+def minibatch(cfg: Config, rows: dict, idx: np.ndarray, shared: bool | None = None) -> dict:
+    """Rows `idx` in the layout the update takes (rl/layout.py), cut into micro-batches of
+    algo.micro_batch rows with one context shape for the whole run."""
+    shared = cfg.rollout.shared_prefix if shared is None else shared
+    if not shared:
+        return rows_layout(rows, idx)
+    micro_rows = min(cfg.algo.micro_batch, len(idx))
+    return shared_layout(rows, idx, micro_rows, min_contexts=contexts_bound(micro_rows, cfg.rollout.group_size))
 
 
 def _coefs(cfg: Config) -> dict:
@@ -102,18 +123,13 @@ class Run:
                                         weight_decay=o.weight_decay, b1=o.b1, b2=o.b2, max_grad_norm=o.max_grad_norm)
         self.params = self.policy.params
         self.opt_state = init_optimizer(self.optimizer, self.params, self.mesh)
-        mb_rows = self.rows // cfg.algo.minibatches
         self.ref_params = None  # the policy at the start of RL (after any SFT), held only when kl_coef > 0
-        spec = UpdateSpec(mode="rl", loss_agg=cfg.algo.loss_agg, kl_estimator=cfg.algo.kl_estimator,
-                          use_kl=cfg.algo.kl_coef > 0, micro_batches=max(1, mb_rows // cfg.algo.micro_batch),
-                          compute_dtype=cfg.model.compute_dtype,
-                          layout="shared" if cfg.rollout.shared_prefix else "rows")
-        self.update = make_update(self.policy.graphdef, spec, self.optimizer, self.params, self.opt_state, self.mesh)
+        self.update = make_update(self.policy.graphdef, rl_update_spec(cfg), self.optimizer, self.params,
+                                  self.opt_state, self.mesh)
         self.recompute_logp = make_logprobs(self.policy.graphdef, cfg.model.compute_dtype, self.params, self.mesh,
                                             self.rows) if cfg.algo.recompute_old_logp else None
         self.sample_dtype = jnp.dtype(cfg.model.compute_dtype)
-        self._cast_for_sampling = jax.jit(lambda p: jax.tree.map(
-            lambda x: x.astype(self.sample_dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, p))
+        self._cast_for_sampling = jax.jit(lambda p: cast_floats(p, self.sample_dtype))
         self.data = prompt_batches(len(self.train_items), cfg.rollout.prompts_per_step, cfg.data.seed)
         self.seed = cfg.train.seed
         self.root = jax.random.key(self.seed)
@@ -242,11 +258,7 @@ class Run:
             order = np.arange(self.rows) if cfg.algo.minibatches == 1 else np.asarray(
                 jax.random.permutation(jax.random.fold_in(self.key(PHASE_MINIBATCH, self.step), epoch), self.rows))
             for m in range(cfg.algo.minibatches):
-                idx = order[m * mb_rows:(m + 1) * mb_rows]
-                micro_rows = min(cfg.algo.micro_batch, mb_rows)
-                batch = shared_layout(full, idx, micro_rows,
-                                      min_contexts=contexts_bound(micro_rows, cfg.rollout.group_size)) \
-                    if cfg.rollout.shared_prefix else rows_layout(full, idx)
+                batch = minibatch(cfg, full, order[m * mb_rows:(m + 1) * mb_rows])
                 positions += batch["tokens"].size + batch.get("ctx_tokens", np.zeros(0)).size
                 self.params, self.opt_state, um = self.update(self.params, self.opt_state, batch, _coefs(cfg),
                                                               self.ref_params)
