@@ -48,6 +48,11 @@ class DataSection:
     eval_path: str = ""
     train_size: int = 2000
     eval_size: int = 200
+    # SFT on items of their own (reasoning-gym: this many from another generator stream; files: sft_path),
+    # never an RL training question, so the warm start cannot memorise the RL prompts; 0 / "": SFT on the
+    # RL training items
+    sft_size: int = 0
+    sft_path: str = ""
     seed: int = 0
     system_prompt: str = ""
     answer_format: str = "tags"  # tags | last_number | boxed | raw: how the answer is read from a response
@@ -120,6 +125,33 @@ class EvalSection:
     size: int = 100  # held-out prompts
     samples: int = 4  # samples per prompt at T = 1 for sampled accuracy and pass@k
     max_new_tokens: int = 0  # 0: rollout.max_new_tokens
+    split: str = "heldout"  # heldout | train: which problems `jaxrl-llm eval` scores (train: how hard the task is)
+
+
+@dataclasses.dataclass(frozen=True)
+class E3Section:
+    """E3 (ALGORITHMS.md §1): difficulty-aware rollout budgets and an entropy-targeting temperature."""
+
+    enabled: bool = False
+    budget: bool = True  # rollouts per prompt by difficulty rank (total stays prompts_per_step x group_size)
+    temperature: bool = True  # the temperature controller toward a target entropy
+    rank_every: int = 0  # steps between re-ranks of the prompts' difficulty (0: once per epoch)
+    data_rank: bool = True  # seed unseen prompts' ranks with the data set's `difficulty` column when it has one
+    delta: int = 2  # budget bounds widen by this after each epoch: n_min down to n_low, n_max up to n_high
+    n_low: int = 4
+    n_high: int = 12
+    target_entropy: float = 0.0  # 0: the entropy measured at RL step 1
+    t_min: float = 0.3
+    t_max: float = 2.0
+    anneal: bool = True  # cosine-decay the target over the last anneal_ratio of the steps to anneal_factor x
+    anneal_ratio: float = 0.4
+    anneal_factor: float = 0.9
+    difficulty_temperature: float = 0.0  # per-row T x (1 + this x (rank - 0.5)): harder prompts hotter; 0: off
+
+
+@dataclasses.dataclass(frozen=True)
+class ExploreSection:
+    e3: E3Section = E3Section()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +178,7 @@ class Config:
     reward: RewardSection = RewardSection()
     sft: SFTSection = SFTSection()
     eval: EvalSection = EvalSection()
+    explore: ExploreSection = ExploreSection()
     train: TrainSection = TrainSection()
 
     def to_dict(self) -> dict:
@@ -162,6 +195,7 @@ CHOICES = {
     "algo.loss_agg": AGGREGATIONS,
     "algo.kl_estimator": KL_ESTIMATORS,
     "optim.schedule": ("constant", "cosine"),
+    "eval.split": ("heldout", "train"),
 }
 
 # Values that were once accepted, or that users expect, refused with the reason.
@@ -271,3 +305,18 @@ def _validate(cfg: Config, source: str) -> None:
     need(0 <= cfg.algo.eps_low < 1 and cfg.algo.eps_high >= 0 and cfg.algo.dual_clip > 1, "bad clip settings")
     need(cfg.model.name != "scratch" or cfg.model.scratch, "model.name=scratch needs model.scratch settings")
     need(cfg.data.source == "reasoning_gym" or cfg.data.path, f"data.source={cfg.data.source} needs data.path")
+    need(cfg.data.sft_size == 0 or cfg.data.source == "reasoning_gym",
+         f"data.sft_size generates reasoning-gym items; with data.source={cfg.data.source} give data.sft_path")
+    need(cfg.sft.steps == 0 or not (cfg.data.sft_size or cfg.data.sft_path)
+         or cfg.sft.batch_size <= max(cfg.data.sft_size, 1 << 30 if cfg.data.sft_path else 0),
+         f"sft.batch_size={cfg.sft.batch_size} is more than the data.sft_size={cfg.data.sft_size} SFT items")
+    e3, n = cfg.explore.e3, cfg.rollout.group_size
+    if e3.enabled:
+        need(1 <= e3.n_low <= n <= e3.n_high, f"explore.e3 needs 1 <= n_low ({e3.n_low}) <= rollout.group_size ({n}) "
+             f"<= n_high ({e3.n_high})")
+        need(e3.delta >= 0 and e3.rank_every >= 0, "explore.e3.delta and rank_every must be >= 0")
+        need(0 < e3.t_min <= cfg.rollout.temperature <= e3.t_max,
+             f"explore.e3 needs 0 < t_min ({e3.t_min}) <= rollout.temperature ({cfg.rollout.temperature}) <= "
+             f"t_max ({e3.t_max})")
+        need(0 <= e3.anneal_ratio <= 1 and e3.anneal_factor > 0, "explore.e3 anneal_ratio in [0, 1], anneal_factor > 0")
+        need(e3.target_entropy >= 0, "explore.e3.target_entropy must be >= 0 (0: measured at step 1)")

@@ -32,11 +32,7 @@ def _flat_params(params) -> dict:
 def _reference_run(tmp: Path):
     run = Run(_tiny_cfg(tmp, *EXTRAS), log=lambda *a: None)
     run.train()
-    return _train_rows(run.cfg.train.out_dir), _flat_params(_params_of(run))
-
-
-def _params_of(run):
-    return run.state.params if hasattr(run, "state") else run.params
+    return _train_rows(run.cfg.train.out_dir), _flat_params(run.state.params)
 
 
 def test_plain_grpo_through_the_seam_matches_the_recorded_trainer(tmp_path):

@@ -11,6 +11,7 @@ from flax import nnx
 from jaxrl_llm.parallel.mesh import make_mesh
 from jaxrl_llm.parallel.rules import shard_state
 from jaxrl_llm.rl.advantages import group_advantages
+from jaxrl_llm.rl.batch import RowBatch
 from jaxrl_llm.rl.losses import aggregate, clipped_token_loss
 from jaxrl_llm.rl.update import UpdateSpec, init_optimizer, make_optimizer, make_update
 
@@ -79,10 +80,9 @@ def _batch(cfg, rows=16, length=24, seed=0):
     for i in range(rows):
         start = rng.randint(4, 10)
         mask[i, start:start + rng.randint(3, length - start)] = True
-    return {"tokens": tokens, "loss_mask": mask,
-            "old_logp": np.where(mask, rng.uniform(-5.0, -3.0, size=(rows, length)), 0).astype(np.float32),
-            "advantages": rng.randn(rows).astype(np.float32), "temperature": rng.uniform(0.5, 1.5, rows).astype(np.float32),
-            "valid": np.arange(rows) < rows - 1}
+    return RowBatch.make(tokens, mask, old_logp=np.where(mask, rng.uniform(-5.0, -3.0, size=(rows, length)), 0),
+                         advantages=rng.randn(rows), temperature=rng.uniform(0.5, 1.5, rows),
+                         valid=np.arange(rows) < rows - 1)
 
 
 COEFS = {"eps_low": 0.2, "eps_high": 0.28, "dual_clip": 3.0, "kl_coef": 0.0, "norm_len": 16.0}
@@ -135,7 +135,7 @@ def test_nonfinite_loss_skips_the_update(tiny_model):
     update = make_update(graphdef, UpdateSpec(), opt, params, opt_state, mesh)
     before = jax.device_get(nnx.to_pure_dict(params))
     batch = _batch(tiny_model.cfg)
-    batch["advantages"][0] = np.nan
+    batch.advantages[0] = np.nan
     params, opt_state, metrics = update(params, opt_state, batch, COEFS)
     assert int(metrics["skipped_nonfinite"]) == 1
     jax.tree.map(np.testing.assert_array_equal, before, jax.device_get(nnx.to_pure_dict(params)))
@@ -166,10 +166,10 @@ def test_kl_term_alone_pulls_the_policy_toward_the_reference(tiny_model, estimat
     noise = jax.tree.map(lambda x: 0.3 * jax.random.normal(jax.random.key(7), x.shape, x.dtype) * jnp.std(x), state)
     ref = shard_state(jax.tree.map(jnp.add, state, noise), mesh)
     batch = _batch(tiny_model.cfg)
-    batch["advantages"][:] = 0.0
+    batch.advantages[:] = 0.0
     logprobs = make_logprobs(graphdef, "float32", ref, mesh, rows=16)
-    mask = batch["loss_mask"] & batch["valid"][:, None]
-    ref_logp = np.asarray(logprobs(ref, batch["tokens"], batch["temperature"]))
+    mask = batch.loss_mask & batch.valid[:, None]
+    ref_logp = np.asarray(logprobs(ref, batch.tokens, batch.temperature))
 
     def distance_after_one_step(kl_coef):
         params = shard_state(jax.tree.map(jnp.copy, state), mesh)
@@ -177,9 +177,9 @@ def test_kl_term_alone_pulls_the_policy_toward_the_reference(tiny_model, estimat
         opt_state = init_optimizer(opt, params, mesh)
         update = make_update(graphdef, UpdateSpec(use_kl=True, kl_estimator=estimator), opt, params, opt_state,
                              mesh)
-        before = np.asarray(logprobs(params, batch["tokens"], batch["temperature"]))
+        before = np.asarray(logprobs(params, batch.tokens, batch.temperature))
         params, _, m = update(params, opt_state, batch, {**COEFS, "kl_coef": kl_coef}, ref)
-        after = np.asarray(logprobs(params, batch["tokens"], batch["temperature"]))
+        after = np.asarray(logprobs(params, batch.tokens, batch.temperature))
         dist = lambda lp: float(np.abs(lp - ref_logp)[mask].mean())  # noqa: E731
         return dist(before), dist(after), float(m["kl"])
 
@@ -235,9 +235,8 @@ def test_sampler_logprobs_are_the_trainers_at_the_same_positions(tiny_model, tin
     temps = np.tile([0.0, 0.6, 1.0, 1.4], 4).astype(np.float32)
     out = sampler(state, prompts, max_new_tokens=rng.randint(4, 20, size=16), temperature=temps,
                   key=jax.random.key(3))
-    batch = {"tokens": out.tokens, "loss_mask": out.response_mask, "old_logp": out.logprobs,
-             "advantages": rng.randn(16).astype(np.float32), "temperature": out.temperature,
-             "valid": np.ones(16, bool)}
+    batch = RowBatch.make(out.tokens, out.response_mask, context_len=out.context_len, old_logp=out.logprobs,
+                          advantages=rng.randn(16), temperature=out.temperature)
     mesh = make_mesh({"data": 1}, devices=jax.devices()[:1])
     graphdef, params = nnx.split(tiny_model)
     params = shard_state(jax.tree.map(jnp.copy, params), mesh)
@@ -246,7 +245,7 @@ def test_sampler_logprobs_are_the_trainers_at_the_same_positions(tiny_model, tin
     _, _, m = update(params, init_optimizer(opt, params, mesh), batch, COEFS)
     assert out.response_mask.sum() > 100
     assert float(m["logp_gap"]) < 1e-5 and float(m["clip_low"]) == 0 and float(m["clip_high"]) == 0, m
-    shifted = {**batch, "old_logp": np.roll(out.logprobs, 1, axis=1)}
+    shifted = batch.replace(old_logp=np.roll(out.logprobs, 1, axis=1))
     params = shard_state(jax.tree.map(jnp.copy, nnx.state(tiny_model)), mesh)
     _, _, m = update(params, init_optimizer(opt, params, mesh), shifted, COEFS)
     assert float(m["logp_gap"]) > 0.3 and float(m["clip_low"]) + float(m["clip_high"]) > 0.05, m

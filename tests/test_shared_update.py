@@ -15,6 +15,7 @@ from jaxrl_llm.model.transformer import init_model
 from jaxrl_llm.parallel.mesh import make_mesh
 from jaxrl_llm.parallel.rules import shard_state
 from jaxrl_llm.rl.forward import rows_logp, shared_logp
+from jaxrl_llm.rl.batch import RowBatch
 from jaxrl_llm.rl.layout import rows_layout, shared_layout
 from jaxrl_llm.rl.update import UpdateSpec, init_optimizer, make_update
 from jaxrl_llm.utils import compile_counter
@@ -39,7 +40,7 @@ def make_rows(seed=0, sizes=(1, 3, 5, 2, 4, 1), prefixed=True, width=48, prompt_
     """Rows of groups of the given sizes. The group of 5 continues from two different prefixes of its
     prompt (RRL-style: the prefix is context, never trained on); the last row is padding."""
     rng = np.random.RandomState(seed)
-    rows = {"tokens": [], "context_len": [], "loss_mask": []}
+    rows = {"tokens": [], "context_len": [], "loss_mask": []}  # built as lists, returned as a RowBatch
     for g, size in enumerate(sizes):
         prompt = list(rng.randint(1, 96, size=rng.randint(*prompt_len)))
         for j in range(size):
@@ -53,33 +54,31 @@ def make_rows(seed=0, sizes=(1, 3, 5, 2, 4, 1), prefixed=True, width=48, prompt_
             rows["context_len"].append(len(ctx))
             rows["loss_mask"].append(mask)
     n = len(rows["tokens"])
-    out = {k: np.asarray(v) for k, v in rows.items()}
-    out["old_logp"] = np.where(out["loss_mask"], rng.uniform(-5, -1, size=(n, width)), 0).astype(np.float32)
-    out["advantages"] = rng.randn(n).astype(np.float32)
-    out["temperature"] = rng.uniform(0.6, 1.4, n).astype(np.float32)
-    out["valid"] = np.arange(n) < n - 1
-    return out
+    mask = np.asarray(rows["loss_mask"])
+    return RowBatch.make(np.asarray(rows["tokens"]), mask, context_len=rows["context_len"],
+                         old_logp=np.where(mask, rng.uniform(-5, -1, size=(n, width)), 0),
+                         advantages=rng.randn(n), temperature=rng.uniform(0.6, 1.4, n), valid=np.arange(n) < n - 1)
 
 
 def _scatter_back(shared, mb_logp, rows):
     """Shared-layout log-probs [M, R, Ls] placed at the rows layout's positions [N, L]."""
-    n, width = rows["tokens"].shape
+    n, width = rows.tokens.shape
     got = np.zeros((n, width), np.float32)
     seen = np.zeros(n, bool)
     # rows are identified by their own tokens and context: rebuild the order shared_layout used
-    for m in range(shared["tokens"].shape[0]):
-        for r in range(shared["tokens"].shape[1]):
-            if not shared["valid"][m, r] and not shared["loss_mask"][m, r].any():
+    for m in range(shared.tokens.shape[0]):
+        for r in range(shared.tokens.shape[1]):
+            if not shared.valid[m, r] and not shared.loss_mask[m, r].any():
                 continue
-            c = shared["row_ctx"][m, r]
-            ctx = shared["ctx_tokens"][m, c, :shared["ctx_len"][m, c]]
-            own = shared["tokens"][m, r][shared["loss_mask"][m, r]]
+            c = shared.row_ctx[m, r]
+            ctx = shared.ctx_tokens[m, c, :shared.ctx_len[m, c]]
+            own = shared.tokens[m, r][shared.loss_mask[m, r]]
             for i in range(n):
-                lc = rows["context_len"][i]
-                if not seen[i] and np.array_equal(rows["tokens"][i, :lc], ctx) and \
-                        np.array_equal(rows["tokens"][i][rows["loss_mask"][i]], own):
+                lc = rows.context_len[i]
+                if not seen[i] and np.array_equal(rows.tokens[i, :lc], ctx) and \
+                        np.array_equal(rows.tokens[i][rows.loss_mask[i]], own):
                     seen[i] = True
-                    ls = min(shared["tokens"].shape[2], width - lc)
+                    ls = min(shared.tokens.shape[2], width - lc)
                     got[i, lc:lc + ls] = mb_logp[m, r, :ls]
                     break
     return got
@@ -90,14 +89,14 @@ def test_shared_logprobs_and_gradients_equal_the_rows_layout(name):
     model = sharp_model(MODELS[name])
     graphdef, params = nnx.split(model)
     rows = make_rows()
-    idx = np.arange(len(rows["tokens"]))
+    idx = np.arange(len(rows.tokens))
     shared = shared_layout(rows, idx, micro_rows=4)
-    assert shared["ctx_tokens"].shape[1] >= 2  # some micro-batch holds several contexts
-    mask = rows["loss_mask"][:, 1:] & rows["valid"][:, None]
+    assert shared.ctx_tokens.shape[1] >= 2  # some micro-batch holds several contexts
+    mask = rows.loss_mask[:, 1:] & rows.valid[:, None]
     weights = np.random.RandomState(1).randn(*mask.shape).astype(np.float32) * mask
 
     def rows_objective(p):
-        lp = rows_logp(nnx.merge(graphdef, p), jnp.asarray(rows["tokens"]), jnp.asarray(rows["temperature"]))
+        lp = rows_logp(nnx.merge(graphdef, p), jnp.asarray(rows.tokens), jnp.asarray(rows.temperature))
         return jnp.sum(lp * weights), lp
 
     def shared_objective(p):
@@ -108,12 +107,12 @@ def test_shared_logprobs_and_gradients_equal_the_rows_layout(name):
     (_, ref_lp), ref_grad = jax.value_and_grad(rows_objective, has_aux=True)(params)
     ref_lp = np.pad(np.asarray(ref_lp), ((0, 0), (1, 0)))
     got_lp = _scatter_back(shared, np.asarray(shared_objective(params)), rows)
-    full_mask = rows["loss_mask"] & rows["valid"][:, None]
+    full_mask = rows.loss_mask & rows.valid[:, None]
     assert full_mask.sum() > 60
     np.testing.assert_allclose(got_lp[full_mask], ref_lp[full_mask], atol=1e-5, rtol=0)
 
     w_full = np.pad(weights, ((0, 0), (1, 0)))
-    w_shared = np.zeros(shared["tokens"].shape, np.float32)  # the same weights, in the shared layout
+    w_shared = np.zeros(shared.tokens.shape, np.float32)  # the same weights, in the shared layout
     probe = _scatter_back(shared, np.arange(w_shared.size, dtype=np.float32).reshape(w_shared.shape) + 1, rows)
     flat = w_shared.reshape(-1)
     for i, j in zip(*np.nonzero(probe)):
@@ -130,7 +129,7 @@ def _update(model, layout, rows, mesh, micro_rows=4, steps=1):
     params = shard_state(jax.tree.map(jnp.copy, state), mesh)
     opt = optax.sgd(0.5)  # parameters move linearly in the gradients
     opt_state = init_optimizer(opt, params, mesh)
-    n = len(rows["tokens"])
+    n = len(rows.tokens)
     spec = UpdateSpec(layout=layout, micro_batches=1 if layout == "shared" else 2, logit_chunk=8)
     update = make_update(graphdef, spec, opt, params, opt_state, mesh)
     idx = np.arange(n)
@@ -169,7 +168,7 @@ def test_compilations_stay_flat_when_group_sizes_change():
     for seed, sizes in enumerate([(4, 4, 4, 4), (2, 6, 5, 3), (1, 7, 4, 4), (8, 2, 2, 4)]):
         rows = make_rows(seed=seed, sizes=sizes, prefixed=False, prompt_len=(3, 16), own_len=(9, 16))
         batch = shared_layout(rows, np.arange(16), micro_rows=8, min_contexts=4)
-        assert batch["ctx_tokens"].shape == (2, 4, 16) and batch["tokens"].shape == (2, 8, 16), sizes
+        assert batch.ctx_tokens.shape == (2, 4, 16) and batch.tokens.shape == (2, 8, 16), sizes
         params, opt_state, _ = update(params, opt_state, batch, COEFS)
         counts.append(compile_counter.compilations())
     assert counts[1:] == [counts[0]] * 3, counts
@@ -178,5 +177,5 @@ def test_compilations_stay_flat_when_group_sizes_change():
 def test_equal_groups_cut_at_group_boundaries_encode_each_context_once():
     rows = make_rows(sizes=(8,) * 8, prefixed=False, width=64)
     batch = shared_layout(rows, np.arange(64), micro_rows=8)
-    assert batch["ctx_tokens"].shape[:2] == (8, 1)  # 8 micro-batches of one group: one context each
-    assert (batch["row_ctx"] == 0).all()
+    assert batch.ctx_tokens.shape[:2] == (8, 1)  # 8 micro-batches of one group: one context each
+    assert (batch.row_ctx == 0).all()

@@ -81,7 +81,7 @@ def test_compilations_stay_flat_after_warmup_and_final_policy_exports(tmp_path):
     final = Path(cfg.train.out_dir) / "final"
     exported, _ = load_hf_folder(final)
     np.testing.assert_array_equal(np.asarray(exported.embed[...]),
-                                  np.asarray(nnx.merge(run.policy.graphdef, run.params).embed[...]))
+                                  np.asarray(nnx.merge(run.policy.graphdef, run.state.params).embed[...]))
     assert load_tokenizer(final).eos_token == "<|im_end|>"
 
 
@@ -122,7 +122,7 @@ def test_sigterm_during_rl_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     last = max(json.loads(ln)["step"] for ln in metrics.read_text().splitlines())
     assert 1 <= last < 400 and f"stopped by signal; saved RL step {last} to " in out, out[-2000:]
     run = Run(cfg, log=lambda *a: None)
-    assert run.try_resume() and run.step == last
+    assert run.try_resume() and run.state.step == last
 
 
 def test_sigterm_during_sft_saves_sft_progress_and_resume_does_not_redo_it(tmp_path):
@@ -147,7 +147,7 @@ def test_sigterm_during_sft_saves_sft_progress_and_resume_does_not_redo_it(tmp_p
     sft_steps = [r["step"] for r in rows if r["kind"] == "sft"]
     end = reached + 10
     assert sft_steps == [s for s in range(1, end + 1) if s % 10 == 0 or s == end], sft_steps  # each once
-    assert run.sft_step == reached + 10 and run.stage == "rl" and run.step == 2
+    assert run.state.sft_step == reached + 10 and run.state.stage == "rl" and run.state.step == 2
 
 
 def test_kl_reference_is_the_policy_at_the_start_of_rl(tmp_path):
@@ -155,10 +155,10 @@ def test_kl_reference_is_the_policy_at_the_start_of_rl(tmp_path):
     the reference is taken after SFT, not at build time (a random model for `scratch`)."""
     cfg = _tiny_cfg(tmp_path, "sft.steps=20", "sft.batch_size=16", "algo.kl_coef=0.1", "train.steps=1")
     run = Run(cfg, log=lambda *a: None)
-    initial = jax.device_get(nnx.to_pure_dict(run.params))
+    initial = jax.device_get(nnx.to_pure_dict(run.state.params))
     run.train()
     moved = max(float(np.abs(a - b).max()) for a, b in
-                zip(jax.tree.leaves(initial), jax.tree.leaves(jax.device_get(nnx.to_pure_dict(run.ref_params)))))
+                zip(jax.tree.leaves(initial), jax.tree.leaves(jax.device_get(nnx.to_pure_dict(run.state.ref_params)))))
     assert moved > 1e-2  # the reference is the SFT-ed policy, not the random initialisation
     assert _train_rows(cfg.train.out_dir)[1]["kl"] < 1e-6
 
@@ -194,13 +194,13 @@ def test_resume_matches_an_uninterrupted_run(tmp_path):
     whole = _tiny_cfg(tmp_path / "a", f"train.steps={steps}", *RESUME_EXTRAS)
     run = Run(whole, log=lambda *a: None)
     run.train()
-    ref_params = jax.device_get(nnx.to_pure_dict(run.params))
+    ref_params = jax.device_get(nnx.to_pure_dict(run.state.params))
 
     Run(_tiny_cfg(tmp_path / "b", "train.steps=2", *RESUME_EXTRAS), log=lambda *a: None).train()
     resumed = Run(_tiny_cfg(tmp_path / "b", f"train.steps={steps}", *RESUME_EXTRAS), log=lambda *a: None)
     resumed.train()
-    assert resumed.step == steps
-    _compare_runs(whole.train.out_dir, tmp_path / "b" / "run", steps, ref_params, resumed.params,
+    assert resumed.state.step == steps
+    _compare_runs(whole.train.out_dir, tmp_path / "b" / "run", steps, ref_params, resumed.state.params,
                   stopped_by_config=True)
 
     killed = _tiny_cfg(tmp_path / "c", f"train.steps={steps}", *RESUME_EXTRAS)
@@ -212,8 +212,8 @@ def test_resume_matches_an_uninterrupted_run(tmp_path):
     logs = []
     again = Run(killed, log=logs.append)
     again.train()
-    assert any("resumed from" in ln for ln in logs) and again.step == steps
-    _compare_runs(whole.train.out_dir, killed.train.out_dir, steps, ref_params, again.params)
+    assert any("resumed from" in ln for ln in logs) and again.state.step == steps
+    _compare_runs(whole.train.out_dir, killed.train.out_dir, steps, ref_params, again.state.params)
 
 
 def test_damaged_newest_checkpoint_falls_back_to_an_intact_one(tmp_path):
@@ -231,11 +231,11 @@ def test_damaged_newest_checkpoint_falls_back_to_an_intact_one(tmp_path):
     damage(4)
     logs = []
     run = Run(_tiny_cfg(tmp_path, "train.steps=6"), log=logs.append)
-    assert run.try_resume() and run.step == 2
+    assert run.try_resume() and run.state.step == 2
     assert any(f"checkpoint {ckpts}/4 is damaged" in ln for ln in logs), logs
     assert (ckpts.parent / "checkpoints.damaged" / "4").is_dir() and not (ckpts / "4").exists()
     run.train()  # goes on from step 2 and saves new checkpoints 4 and 6
-    assert run.step == 6 and (ckpts / "6").is_dir()
+    assert run.state.step == 6 and (ckpts / "6").is_dir()
     assert sorted(_train_rows(cfg.train.out_dir)) == list(range(1, 7))
 
     for step in (2, 4, 6):
@@ -250,7 +250,7 @@ def test_sampler_uses_the_models_context_length(tmp_path):
     run = Run(_tiny_cfg(tmp_path, "train.steps=1"), log=lambda *a: None)
     assert run.sampler.max_cache_len == 96  # model.scratch.max_position_embeddings
     with pytest.raises(PromptTooLongError, match="cache of 96"):
-        run.sampler(run.params, [[5] * 96], max_new_tokens=4)
+        run.sampler(run.state.params, [[5] * 96], max_new_tokens=4)
 
 
 def test_bf16_sampling_follows_the_trainers_numbers(tmp_path):

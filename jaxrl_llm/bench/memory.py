@@ -72,7 +72,7 @@ def row_length(cfg, model_cfg) -> int:
 
 
 def _worst_case_rows(cfg, model_cfg) -> dict:
-    """The trainer's rows (train/rollout.py update_batch) at their largest: every prompt
+    """The trainer's rows (train/rollout.py update_rows) at their largest: every prompt
     data.max_prompt_len tokens, every response rollout.max_new_tokens, groups of group_size rows
     sharing their prompt. Only shapes matter; the values just make contexts distinct per group."""
     import numpy as np
@@ -84,9 +84,9 @@ def _worst_case_rows(cfg, model_cfg) -> dict:
     tokens[:, :ctx] = (np.arange(n) // cfg.rollout.group_size + 1)[:, None]
     mask = np.zeros((n, width), bool)
     mask[:, ctx:ctx + new] = True
-    return {"tokens": tokens, "context_len": np.full(n, ctx, np.int32), "loss_mask": mask,
-            "old_logp": np.zeros((n, width), np.float32), "advantages": np.zeros(n, np.float32),
-            "temperature": np.ones(n, np.float32), "valid": np.ones(n, bool)}
+    from jaxrl_llm.rl.batch import RowBatch
+
+    return RowBatch.make(tokens, mask, context_len=np.full(n, ctx, np.int32), advantages=np.zeros(n, np.float32))
 
 
 def _update_program(cfg, model_cfg, graphdef, optimizer, mesh):
@@ -140,6 +140,7 @@ def update_memory(cfg, model_cfg=None, *, devices: int | None = None, platform: 
 
     from jaxrl_llm.model.transformer import abstract_model
     from jaxrl_llm.parallel.rules import sharding_tree
+    from jaxrl_llm.rl.batch import shapes
     from jaxrl_llm.rl.update import make_optimizer, optimizer_shardings
 
     model_cfg = model_cfg or model_config(cfg)
@@ -161,7 +162,7 @@ def update_memory(cfg, model_cfg=None, *, devices: int | None = None, platform: 
 
     length = row_length(cfg, model_cfg)
     spec, np_batch, batch_sh, coefs, step = _update_program(cfg, model_cfg, graphdef, optimizer, mesh)
-    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sh[k]) for k, v in np_batch.items()}
+    batch = jax.tree.map(lambda v, s: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s), np_batch, batch_sh)
     coefs = {k: jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated) for k in coefs}
     args = (params, opt_state, batch, coefs) + ((params,) if spec.use_kl else ())
     param_out = jax.tree.map(lambda x: x.sharding, params)
@@ -175,9 +176,9 @@ def update_memory(cfg, model_cfg=None, *, devices: int | None = None, platform: 
     m = compiled.memory_analysis()
 
     if spec.layout == "shared":  # [M micro-batches, R rows, Ls own tokens], contexts [M, G, Lc]
-        micro_batches, micro_rows, _ = np_batch["tokens"].shape
+        micro_batches, micro_rows, _ = np_batch.tokens.shape
     else:
-        micro_batches, micro_rows = spec.micro_batches, np_batch["tokens"].shape[0] // spec.micro_batches
+        micro_batches, micro_rows = spec.micro_batches, np_batch.tokens.shape[0] // spec.micro_batches
     n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
     out = {
         "argument_bytes": int(m.argument_size_in_bytes), "output_bytes": int(m.output_size_in_bytes),
@@ -194,7 +195,7 @@ def update_memory(cfg, model_cfg=None, *, devices: int | None = None, platform: 
         "remat": bool(cfg.model.remat), "layout": spec.layout,
         "rows_per_update": cfg.rollout.prompts_per_step * cfg.rollout.group_size // cfg.algo.minibatches,
         "micro_batches": int(micro_batches), "rows_per_micro_batch": int(micro_rows), "row_length": length,
-        "batch_shapes": {k: list(v.shape) for k, v in np_batch.items()}, "vocab": model_cfg.vocab_size,
+        "batch_shapes": shapes(np_batch), "vocab": model_cfg.vocab_size,
         "use_kl": spec.use_kl,
         # what the configs' first comments counted: float32 logits of one micro-batch's whole rows (the rows
         # layout materialises them; the shared layout computes its logits in chunks)

@@ -55,13 +55,12 @@ def _model_flops(model_cfg, positions_body: int, positions_head: int, factor: in
     return factor * 2.0 * (body * positions_body + head * positions_head)
 
 
-def _update_positions(batch: dict, shared: bool) -> tuple[int, int]:
+def _update_positions(batch, shared: bool) -> tuple[int, int]:
     """(positions through the layers, positions through the head) of one update call."""
     if shared:
-        body = int(batch["ctx_tokens"].shape[0] * batch["ctx_tokens"].shape[1] * batch["ctx_tokens"].shape[2]
-                   + batch["tokens"].size - batch["tokens"].shape[0] * batch["tokens"].shape[1])
-        return body, int(batch["tokens"].size)
-    n, length = batch["tokens"].shape
+        body = int(batch.ctx_tokens.size + batch.tokens.size - batch.tokens.shape[0] * batch.tokens.shape[1])
+        return body, int(batch.tokens.size)
+    n, length = batch.tokens.shape
     return n * (length - 1), n * (length - 1)
 
 
@@ -74,7 +73,8 @@ def bench(cfg, repeats: int, log=print) -> dict:
     from jaxrl_llm.rl.update import batch_shardings, init_optimizer, make_update, shardings_of, update_fn
     from jaxrl_llm.sampling.sampler import Sampler
     from jaxrl_llm.train.loop import PHASE_ROLLOUT, Run, _coefs, minibatch, rl_update_spec
-    from jaxrl_llm.train.rollout import collect, update_batch
+    from jaxrl_llm.rl.batch import shapes
+    from jaxrl_llm.train.rollout import collect, update_rows
 
     run = Run(cfg, log=log)
     model_cfg, graphdef = run.policy.model_cfg, run.policy.graphdef
@@ -99,13 +99,14 @@ def bench(cfg, repeats: int, log=print) -> dict:
                 tokens_seen = rollouts.out.tokens
             elif not np.array_equal(tokens_seen, rollouts.out.tokens):
                 raise AssertionError("shared and unshared prefill sampled different tokens")
-            full = update_batch(rollouts)
+            full = update_rows(rollouts)
             batch = minibatch(cfg, full, idx, shared)
             spec = rl_update_spec(cfg, shared)
-            ref = (run.params,) if spec.use_kl else ()  # the reference at the start of RL: the policy itself
-            opt_state = init_optimizer(run.optimizer, run.params, run.mesh)
-            update = make_update(graphdef, spec, run.optimizer, run.params, opt_state, run.mesh)
-            fresh = lambda: (jax.tree.map(lambda x: x.copy(), run.params), jax.tree.map(lambda x: x.copy(), opt_state))  # noqa: E731
+            policy = run.state.params
+            ref = (policy,) if spec.use_kl else ()  # the reference at the start of RL: the policy itself
+            opt_state = init_optimizer(run.optimizer, policy, run.mesh)
+            update = make_update(graphdef, spec, run.optimizer, policy, opt_state, run.mesh)
+            fresh = lambda: (jax.tree.map(lambda x: x.copy(), policy), jax.tree.map(lambda x: x.copy(), opt_state))  # noqa: E731
             p, o = fresh()
             jax.block_until_ready(update(p, o, batch, _coefs(cfg), *ref))  # compiles
             update_s = []
@@ -116,11 +117,11 @@ def bench(cfg, repeats: int, log=print) -> dict:
             # the same program, lowered for XLA's analyses
             sh = batch_shardings(run.mesh, spec, batch)
             replicated = NamedSharding(run.mesh, P())
-            param_sh = shardings_of(run.params)
+            param_sh = shardings_of(policy)
             compiled = jax.jit(lambda p, o, b, c, *r: update_fn(graphdef, spec, run.optimizer, p, o, b, c, *r),
                                in_shardings=(param_sh, shardings_of(opt_state), sh, replicated) + (param_sh,) * len(ref),
                                donate_argnums=(0, 1)).lower(
-                run.params, opt_state, {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in batch.items()},
+                policy, opt_state, jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype), batch),
                 {k: jax.ShapeDtypeStruct((), np.float32) for k in _coefs(cfg)}, *ref).compile()
             mem = compiled.memory_analysis()
             peak = mem.argument_size_in_bytes + mem.temp_size_in_bytes + mem.output_size_in_bytes \
@@ -135,7 +136,7 @@ def bench(cfg, repeats: int, log=print) -> dict:
                  "update_positions": body, "update_head_positions": head,
                  "update_model_gflop": _model_flops(model_cfg, body, head, 3) / 1e9,
                  "sample_model_gflop": _model_flops(model_cfg, prefill + decoded, run.rows + decoded, 1) / 1e9,
-                 "batch_shapes": {k: list(v.shape) for k, v in batch.items()}}
+                 "batch_shapes": shapes(batch)}
             r["step_s"] = r["sample_s"] + r["reward_s"] + r["update_s"]
             r["update_gflops"] = r["update_model_gflop"] / r["update_s"]
             out[name] = r

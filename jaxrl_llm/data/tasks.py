@@ -2,7 +2,8 @@
 jsonl / parquet files loaded through `datasets`.
 
 File schema (one row per task): `question` (str, required), `answer` (str, required),
-`scorer` ("math" | "exact", default "math"), `reference` (str, optional: a worked solution for SFT).
+`scorer` ("math" | "exact", default "math"), `reference` (str, optional: a worked solution for SFT),
+`difficulty` (number in [0, 1], optional, 1 hardest: seeds E3's difficulty ranks).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 from jaxrl_llm.config import DataSection
 
 EVAL_SEED_OFFSET = 1_000_003  # held-out items come from another generator stream
+SFT_SEED_OFFSET = 2_000_003  # and separate SFT items (data.sft_size) from a third
 
 
 class DataError(ValueError):
@@ -27,13 +29,14 @@ class TaskItem:
     scorer: str  # "reasoning_gym:<name>" | "math" | "exact"
     entry_json: str = ""  # the reasoning-gym entry its scorer needs, as JSON
     reference: str = ""
+    difficulty: float = float("nan")  # data-set difficulty rank in [0, 1] (1 hardest); NaN: not given
 
 
 def _reasoning_gym(cfg: DataSection, split: str) -> list[TaskItem]:
     import reasoning_gym
 
-    size = cfg.train_size if split == "train" else cfg.eval_size
-    seed = cfg.seed if split == "train" else cfg.seed + EVAL_SEED_OFFSET
+    size = {"train": cfg.train_size, "eval": cfg.eval_size, "sft": cfg.sft_size}[split]
+    seed = cfg.seed + {"train": 0, "eval": EVAL_SEED_OFFSET, "sft": SFT_SEED_OFFSET}[split]
     try:
         ds = reasoning_gym.create_dataset(cfg.task, size=size, seed=seed, **cfg.task_args)
     except Exception as e:  # unknown name or bad task_args
@@ -60,21 +63,38 @@ def _file(path: str, kind: str) -> list[TaskItem]:
         scorer = row.get("scorer") or "math"
         if scorer not in ("math", "exact"):
             raise DataError(f"{path}: row {i} has scorer {scorer!r}; use 'math' or 'exact'")
+        difficulty = row.get("difficulty")
+        if difficulty is not None:
+            try:
+                difficulty = float(difficulty)
+            except (TypeError, ValueError):
+                difficulty = float("nan")
+            if not 0.0 <= difficulty <= 1.0:
+                raise DataError(f"{path}: row {i} has difficulty {row.get('difficulty')!r}; give a number in [0, 1] "
+                                f"(1 hardest) or leave it out")
         items.append(TaskItem(uid=f"{path}:{i}", question=str(row["question"]), answer=str(row["answer"]),
-                              scorer=scorer, reference=str(row.get("reference") or "")))
+                              scorer=scorer, reference=str(row.get("reference") or ""),
+                              difficulty=float("nan") if difficulty is None else difficulty))
     return items
 
 
 def load_items(cfg: DataSection, split: str) -> list[TaskItem]:
-    """The items of one split ('train' or 'eval') as the source gives them."""
+    """The items of one split ('train', 'eval' or 'sft') as the source gives them."""
     if cfg.source == "reasoning_gym":
-        return _reasoning_gym(cfg, split)
-    path = cfg.path if split == "train" else cfg.eval_path
+        return _reasoning_gym(cfg, split) if split != "sft" or cfg.sft_size > 0 else []
+    path = {"train": cfg.path, "eval": cfg.eval_path, "sft": cfg.sft_path}[split]
     return _file(path, cfg.source) if path else []
 
 
 def load_splits(cfg: DataSection) -> tuple[list[TaskItem], list[TaskItem]]:
-    """(train, held-out) items; held-out items never repeat a training question."""
+    """(train, held-out) items; held-out items never repeat a training (or separate SFT) question."""
     train = load_items(cfg, "train")
-    seen = {it.question for it in train}
+    seen = {it.question for it in train} | {it.question for it in load_items(cfg, "sft")}
     return train, [it for it in load_items(cfg, "eval") if it.question not in seen]
+
+
+def load_sft_items(cfg: DataSection) -> list[TaskItem]:
+    """Separate SFT items (data.sft_size / data.sft_path), never an RL training question; empty when
+    the config has none (SFT then uses the RL training items)."""
+    train = {it.question for it in load_items(cfg, "train")}
+    return [it for it in load_items(cfg, "sft") if it.question not in train]

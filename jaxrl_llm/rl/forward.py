@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxrl_llm.model.transformer import KVCache, Transformer
+from jaxrl_llm.rl.batch import SharedBatch
 from jaxrl_llm.rl.losses import token_logprobs
 
 
@@ -64,14 +65,13 @@ def chunked_logp(hidden_RLD, head_DV, targets_RL, temperature_R, chunk: int):
     return out.swapaxes(0, 1).reshape(r, length)
 
 
-def shared_logp(model: Transformer, mb: dict, *, chunk: int = 32):
+def shared_logp(model: Transformer, mb: SharedBatch, *, chunk: int = 32):
     """Tempered log-prob [R, Ls] of each row's tokens (position ctx_len + i for token i) given its
     context and the row's tokens before it.
 
-    mb: ctx_tokens [G, Lc], ctx_len [G], tokens [R, Ls], row_ctx [R] (index into the contexts),
-    temperature [R]."""
-    ctx_tokens, ctx_len = mb["ctx_tokens"], mb["ctx_len"]
-    tokens, row_ctx = mb["tokens"], mb["row_ctx"]
+    mb: one micro-batch of a SharedBatch: ctx_tokens [G, Lc], ctx_len [G], tokens [R, Ls], row_ctx [R]
+    (index into the contexts), temperature [R]."""
+    ctx_tokens, ctx_len, tokens, row_ctx = mb.ctx_tokens, mb.ctx_len, mb.tokens, mb.row_ctx
     g, lc = ctx_tokens.shape
     r, ls = tokens.shape
     slots = jnp.arange(lc)
@@ -87,4 +87,4 @@ def shared_logp(model: Transformer, mb: dict, *, chunk: int = 32):
         hidden = jnp.concatenate([first_hidden[:, None], row_hidden], axis=1)
     else:
         hidden = first_hidden[:, None]
-    return chunked_logp(hidden, model.head(), tokens, mb["temperature"], chunk)
+    return chunked_logp(hidden, model.head(), tokens, mb.temperature, chunk)

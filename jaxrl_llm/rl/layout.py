@@ -1,10 +1,7 @@
 """Host-side update batches in the two layouts rl/forward.py computes on.
 
 The trainer describes its rows once, whatever produced them (fresh samples, replayed prefixes,
-hindsight revisions): tokens [N, L] (context, then the row's own tokens, pad), context_len [N]
-(tokens before it are the context the row is trained under: the prompt, plus a replayed prefix),
-loss_mask [N, L] and old_logp [N, L] at the positions of the tokens they score, advantages [N],
-temperature [N], valid [N].
+hindsight revisions), as an rl/batch.py `RowBatch`.
 
 `rows_layout` takes rows as they are. `shared_layout` encodes each distinct context once: rows are
 sorted by context and cut into micro-batches of `micro_rows` rows (a context whose rows straddle a
@@ -17,27 +14,28 @@ from __future__ import annotations
 
 import numpy as np
 
+from jaxrl_llm.rl.batch import RowBatch, SharedBatch
 from jaxrl_llm.sampling.buckets import bucket
 
-ROWS_KEYS = ("tokens", "loss_mask", "old_logp", "advantages", "temperature", "valid")
-SHARED_KEYS = ("ctx_tokens", "ctx_len", "tokens", "row_ctx", "loss_mask", "old_logp", "advantages", "temperature",
-               "valid")
+
+def rows_layout(rows: RowBatch, idx: np.ndarray) -> RowBatch:
+    return rows.take(idx)
 
 
-def rows_layout(rows: dict, idx: np.ndarray) -> dict:
-    return {k: rows[k][idx] for k in ROWS_KEYS}
-
-
-def _own_len(rows: dict, idx: np.ndarray) -> np.ndarray:
+def _own_len(rows: RowBatch, idx: np.ndarray) -> np.ndarray:
     """Tokens after the context up to the last one that carries loss (at least 1)."""
-    mask = rows["loss_mask"][idx]
+    mask = rows.loss_mask[idx]
     last = np.where(mask.any(axis=1), mask.shape[1] - np.argmax(mask[:, ::-1], axis=1), 0)
-    return np.maximum(last - rows["context_len"][idx], 1)
+    return np.maximum(last - rows.context_len[idx], 1)
 
 
-def contexts_bound(micro_rows: int, group_size: int) -> int:
-    """Most contexts a micro-batch of `micro_rows` rows sorted by context can hold when every group has
-    `group_size` rows: passed as `min_contexts`, it keeps the context axis one shape for a whole run."""
+def contexts_bound(micro_rows: int, group_size: int, *, exact: bool = True) -> int:
+    """Most contexts a micro-batch of `micro_rows` rows sorted by context can hold, passed to
+    shared_layout as `min_contexts` so the context axis keeps one shape for a whole run. `exact`:
+    every group has `group_size` rows (plain GRPO); otherwise groups have at least `group_size` rows
+    and any sizes (explorers: E3 budgets, replayed groups)."""
+    if not exact:
+        return min(micro_rows, 1 + -(-(micro_rows - 1) // group_size))
     if micro_rows % group_size == 0:
         return micro_rows // group_size
     if group_size % micro_rows == 0:
@@ -45,11 +43,11 @@ def contexts_bound(micro_rows: int, group_size: int) -> int:
     return -(-micro_rows // group_size) + 1
 
 
-def shared_layout(rows: dict, idx: np.ndarray, micro_rows: int, *, min_contexts: int = 1, min_context: int = 16,
-                  min_length: int = 8) -> dict:
+def shared_layout(rows: RowBatch, idx: np.ndarray, micro_rows: int, *, min_contexts: int = 1, min_context: int = 16,
+                  min_length: int = 8) -> SharedBatch:
     """The shared-prefix form of rows `idx`: arrays with a leading micro-batch axis M. The context axis
     is a bucket of the most contexts a micro-batch needs, and at least `min_contexts`."""
-    tokens, ctx_len = rows["tokens"][idx], rows["context_len"][idx].astype(np.int32)
+    tokens, ctx_len = rows.tokens[idx], rows.context_len[idx].astype(np.int32)
     n = len(idx)
     if (ctx_len < 1).any():
         raise ValueError("every row needs a context of at least one token")
@@ -68,7 +66,7 @@ def shared_layout(rows: dict, idx: np.ndarray, micro_rows: int, *, min_contexts:
            "tokens": np.zeros((m, r, ls), np.int32), "row_ctx": np.zeros((m, r), np.int32),
            "loss_mask": np.zeros((m, r, ls), bool), "old_logp": np.zeros((m, r, ls), np.float32),
            "advantages": np.zeros((m, r), np.float32), "temperature": np.ones((m, r), np.float32),
-           "valid": np.zeros((m, r), bool)}
+           "valid": np.zeros((m, r), bool), "hindsight": np.zeros((m, r), bool)}
     width = tokens.shape[1]
     for j, part in enumerate(per_micro):
         local: dict[int, int] = {}
@@ -83,10 +81,9 @@ def shared_layout(rows: dict, idx: np.ndarray, micro_rows: int, *, min_contexts:
             start, stop = int(ctx_len[i]), min(int(ctx_len[i]) + ls, width)
             src = idx[i]
             out["tokens"][j, k, :stop - start] = tokens[i, start:stop]
-            out["loss_mask"][j, k, :stop - start] = rows["loss_mask"][src, start:stop]
-            out["old_logp"][j, k, :stop - start] = rows["old_logp"][src, start:stop]
+            out["loss_mask"][j, k, :stop - start] = rows.loss_mask[src, start:stop]
+            out["old_logp"][j, k, :stop - start] = rows.old_logp[src, start:stop]
             out["row_ctx"][j, k] = c
-            out["advantages"][j, k] = rows["advantages"][src]
-            out["temperature"][j, k] = rows["temperature"][src]
-            out["valid"][j, k] = rows["valid"][src]
-    return out
+            for name in ("advantages", "temperature", "valid", "hindsight"):
+                out[name][j, k] = getattr(rows, name)[src]
+    return SharedBatch(**out)

@@ -5,8 +5,9 @@ optimizer state. Inside, micro-batches are a `lax.scan` that sums gradients (los
 batch-wide, so accumulation is exact); a non-finite loss or gradient leaves the state unchanged
 and is reported. Loss coefficients and the learning rate are traced values, never constants.
 
-Batches come in two layouts (rl/layout.py, rl/forward.py): `rows`, [N, L] prompt + response per
-row, and `shared`, each context once per micro-batch with rows carrying only their own tokens.
+Batches are rl/batch.py pytrees in two layouts (rl/layout.py, rl/forward.py): `rows` (RowBatch),
+[N, L] prompt + response per row, and `shared` (SharedBatch), each context once per micro-batch
+with rows carrying only their own tokens.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxrl_llm.parallel.rules import row_sharding, spec_for
 from jaxrl_llm.rl.forward import merged_model, rows_logp, shared_logp
-from jaxrl_llm.rl.layout import ROWS_KEYS, SHARED_KEYS
+from jaxrl_llm.rl.batch import RowBatch, SharedBatch
 from jaxrl_llm.rl.losses import aggregate, clipped_token_loss, kl_penalty
 
 
@@ -85,10 +86,8 @@ def _logp_mask_old(graphdef, spec: UpdateSpec, params, mb):
     """(log-prob, loss mask, old log-prob) at the positions of the tokens they score, [rows, length]."""
     model = merged_model(graphdef, params, spec.compute_dtype)
     if spec.layout == "shared":
-        return (shared_logp(model, mb, chunk=spec.logit_chunk), mb["loss_mask"] & mb["valid"][:, None],
-                mb["old_logp"])
-    return (rows_logp(model, mb["tokens"], mb["temperature"]), mb["loss_mask"][:, 1:] & mb["valid"][:, None],
-            mb["old_logp"][:, 1:])
+        return shared_logp(model, mb, chunk=spec.logit_chunk), mb.loss_mask & mb.valid[:, None], mb.old_logp
+    return rows_logp(model, mb.tokens, mb.temperature), mb.loss_mask[:, 1:] & mb.valid[:, None], mb.old_logp[:, 1:]
 
 
 def _loss_terms(graphdef, spec: UpdateSpec, params, ref_params, mb, coefs, norms):
@@ -99,7 +98,7 @@ def _loss_terms(graphdef, spec: UpdateSpec, params, ref_params, mb, coefs, norms
         low = high = dual = jnp.zeros_like(mask)
         gap = jnp.zeros(())
     else:
-        loss_tok, low, high, dual = clipped_token_loss(logp, old, mb["advantages"], eps_low=coefs["eps_low"],
+        loss_tok, low, high, dual = clipped_token_loss(logp, old, mb.advantages, eps_low=coefs["eps_low"],
                                                        eps_high=coefs["eps_high"], dual_clip=coefs["dual_clip"])
         gap = jnp.sum(jnp.abs(jax.lax.stop_gradient(logp) - old) * maskf)
     kl = jnp.zeros(())
@@ -120,11 +119,11 @@ def update_fn(graphdef, spec: UpdateSpec, optimizer, params, opt_state, batch, c
     `rows` layout: batch arrays [N, ...], cut here into spec.micro_batches slices. `shared` layout
     (rl/layout.py): arrays already [M, ...] per micro-batch."""
     if spec.layout == "shared":
-        mask = batch["loss_mask"] & batch["valid"][..., None]
-        micro = {k: batch[k] for k in SHARED_KEYS}
+        mask = batch.loss_mask & batch.valid[..., None]
+        micro = batch
     else:
-        mask = batch["loss_mask"][:, 1:] & batch["valid"][:, None]
-        micro = {k: _split_micro(batch[k], spec.micro_batches) for k in ROWS_KEYS}
+        mask = batch.loss_mask[:, 1:] & batch.valid[:, None]
+        micro = jax.tree.map(lambda x: _split_micro(x, spec.micro_batches), batch)
     tokens_total = jnp.sum(mask.astype(jnp.float32))
     norms = {"total_tokens": tokens_total,
              "total_seqs": jnp.sum((jnp.sum(mask, axis=-1) > 0).astype(jnp.float32)),
@@ -165,6 +164,12 @@ def optimizer_shardings(optimizer, params, mesh: Mesh):
                         jax.eval_shape(optimizer.init, params), is_leaf=like_params)
 
 
+def abstract_optimizer_state(optimizer, params, mesh: Mesh):
+    """The optimizer state's shapes and shardings (nothing allocated): enough to build an update."""
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        jax.eval_shape(optimizer.init, params), optimizer_shardings(optimizer, params, mesh))
+
+
 def init_optimizer(optimizer, params, mesh: Mesh):
     """Optimizer state created in place, laid out by `optimizer_shardings`. (Without out_shardings,
     init returned the moments on one device and they were copied whole to every device.)"""
@@ -175,28 +180,31 @@ def shardings_of(tree):
     return jax.tree.map(lambda x: x.sharding, tree)
 
 
-def batch_shardings(mesh: Mesh, spec: UpdateSpec, batch: dict) -> dict:
+def batch_shardings(mesh: Mesh, spec: UpdateSpec, batch):
     """Rows over the mesh's batch axes (where they divide), every other axis whole; in the shared
-    layout the leading axis is the micro-batch, and rows and contexts are the second."""
+    layout the leading axis is the micro-batch, and rows and contexts are the second. The result is
+    the batch's pytree with a NamedSharding per field."""
     lead = (None,) if spec.layout == "shared" else ()
-    return {k: NamedSharding(mesh, spec_for(v.shape, lead + ("batch",) + (None,) * (v.ndim - 1 - len(lead)), mesh))
-            for k, v in batch.items()}
+    return jax.tree.map(
+        lambda v: NamedSharding(mesh, spec_for(v.shape, lead + ("batch",) + (None,) * (v.ndim - 1 - len(lead)), mesh)),
+        batch)
 
 
 def make_update(graphdef, spec: UpdateSpec, optimizer, params, opt_state, mesh: Mesh):
-    """The jitted update; params/opt_state must already be placed. One program per batch shape
+    """The jitted update; params/opt_state must already be placed (or be ShapeDtypeStructs with their
+    shardings: `abstract_optimizer_state`). One program per batch shape
     (the layouts bucket their shapes, so a run builds a handful).
 
     The returned `run(params, opt_state, batch, coefs, ref_params=None)` takes the KL reference per
     call (laid out like the parameters), so the trainer can fix it when RL starts, after any SFT.
     """
-    keys = SHARED_KEYS if spec.layout == "shared" else ROWS_KEYS
+    kind = SharedBatch if spec.layout == "shared" else RowBatch
     replicated = NamedSharding(mesh, P())
     param_sh, opt_sh = shardings_of(params), shardings_of(opt_state)
     programs = {}
 
     def program(batch_sh):
-        sig = tuple((k, batch_sh[k].spec) for k in keys)
+        sig = tuple(s.spec for s in jax.tree.leaves(batch_sh))
         if sig not in programs:
             in_sh = (param_sh, opt_sh, batch_sh, replicated) + ((param_sh,) if spec.use_kl else ())
             programs[sig] = jax.jit(
@@ -207,9 +215,10 @@ def make_update(graphdef, spec: UpdateSpec, optimizer, params, opt_state, mesh: 
     def run(params, opt_state, batch, coefs, ref_params=None):
         if spec.use_kl and ref_params is None:
             raise ValueError("this update has a KL term (kl_coef > 0): pass ref_params")
-        batch = {k: batch[k] for k in keys}
+        if not isinstance(batch, kind):
+            raise TypeError(f"the {spec.layout!r} update takes a {kind.__name__}, got {type(batch).__name__}")
         batch_sh = batch_shardings(mesh, spec, batch)
-        batch = {k: jax.device_put(v, batch_sh[k]) for k, v in batch.items()}
+        batch = jax.device_put(batch, batch_sh)
         coefs = {k: jnp.asarray(v, jnp.float32) for k, v in coefs.items()}
         return program(batch_sh)(params, opt_state, batch, coefs, *((ref_params,) if spec.use_kl else ()))
 

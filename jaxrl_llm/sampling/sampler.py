@@ -54,6 +54,49 @@ class SampleOutput:
     entropy: np.ndarray  # [N, L] float32, tempered, at generated positions (0 elsewhere)
     finish_reason: np.ndarray  # [N] FINISH_STOP or FINISH_LENGTH
     temperature: np.ndarray  # [N]
+    pad_id: int = 0  # what fills tokens after a row's end
+
+    _ROW_FIELDS = ("tokens", "prompt_len", "prefix_len", "num_generated", "logprobs", "entropy", "finish_reason",
+                   "temperature")
+    _WIDE_FIELDS = ("tokens", "logprobs", "entropy")  # [N, L]: padded when buffers of other lengths meet
+
+    @property
+    def rows(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def take(self, idx) -> "SampleOutput":
+        """Rows `idx` (an index array or a boolean mask), in that order."""
+        return dataclasses.replace(self, **{f: getattr(self, f)[idx] for f in self._ROW_FIELDS})
+
+    def widened(self, width: int) -> "SampleOutput":
+        """The same rows in a buffer of `width` slots (>= the current one)."""
+        extra = width - self.tokens.shape[1]
+        if extra < 0:
+            raise ValueError(f"cannot narrow a buffer of {self.tokens.shape[1]} slots to {width}")
+        if extra == 0:
+            return self
+        pad = lambda x, v: np.pad(x, ((0, 0), (0, extra)), constant_values=v)  # noqa: E731
+        return dataclasses.replace(self, tokens=pad(self.tokens, self.pad_id), logprobs=pad(self.logprobs, 0),
+                                   entropy=pad(self.entropy, 0))
+
+    @staticmethod
+    def concat(outs: Sequence["SampleOutput"]) -> "SampleOutput":
+        """Rows of several sampler calls (of any length buckets) in one output, in order."""
+        width = max(o.tokens.shape[1] for o in outs)
+        outs = [o.widened(width) for o in outs]
+        return dataclasses.replace(outs[0], **{f: np.concatenate([getattr(o, f) for o in outs])
+                                               for f in SampleOutput._ROW_FIELDS})
+
+    def replace_rows(self, idx, other: "SampleOutput") -> "SampleOutput":
+        """These rows with rows `idx` replaced by `other`'s rows, in order (buffers widened to fit)."""
+        width = max(self.tokens.shape[1], other.tokens.shape[1])
+        base, other = self.widened(width), other.widened(width)
+        fields = {}
+        for f in self._ROW_FIELDS:
+            x = getattr(base, f).copy()
+            x[np.asarray(idx)] = getattr(other, f)
+            fields[f] = x
+        return dataclasses.replace(base, **fields)
 
     @property
     def context_len(self) -> np.ndarray:
@@ -208,7 +251,7 @@ class Sampler:
         return SampleOutput(
             tokens=tokens[:n], prompt_len=meta["prompt_len"], prefix_len=meta["prefix_len"],
             num_generated=count[:n], logprobs=logp[:n], entropy=ent[:n], finish_reason=reason[:n],
-            temperature=meta["temperature"])
+            temperature=meta["temperature"], pad_id=self.pad_id)
 
     def lower(self, state, prompts: Sequence[Sequence[int]], **kwargs) -> jax.stages.Lowered:
         """The program a call with these arguments runs, lowered (not run): for cost analysis and tests."""

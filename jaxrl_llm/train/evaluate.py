@@ -3,12 +3,14 @@ length, and the share of problems no sample solved."""
 
 from __future__ import annotations
 
+import time
+
 import jax
 import numpy as np
 
 from jaxrl_llm.config import Config
 from jaxrl_llm.train.metrics import pass_at_k, solved
-from jaxrl_llm.train.rollout import score_rollouts
+from jaxrl_llm.train.rollout import response_texts, score_texts
 
 EVAL_KS = (1, 2, 4, 8, 16)
 
@@ -23,7 +25,7 @@ def _sample_scored(sampler, params, pool, tok, cfg, items, rows, temperature, ke
         part = rows[start:start + chunk]
         out = sampler(params, [items[j][1] for j in part], max_new_tokens=max_new, temperature=temperature,
                       key=jax.random.fold_in(key, c))
-        r, _ = score_rollouts(pool, tok, cfg, tasks, out, np.asarray(part))
+        r = score_texts(pool, cfg, tasks, response_texts(tok, out), np.asarray(part))
         rewards.append(r)
         lengths.append(out.num_generated)
     return np.concatenate(rewards), np.concatenate(lengths)
@@ -32,6 +34,7 @@ def _sample_scored(sampler, params, pool, tok, cfg, items, rows, temperature, ke
 def evaluate(sampler, params, pool, tok, cfg: Config, items, key: jax.Array) -> dict:
     if not items:
         return {}
+    t0 = time.perf_counter()
     chunk = cfg.rollout.prompts_per_step * cfg.rollout.group_size
     n = len(items)
     greedy, greedy_len = _sample_scored(sampler, params, pool, tok, cfg, items, np.arange(n), 0.0,
@@ -44,8 +47,10 @@ def evaluate(sampler, params, pool, tok, cfg: Config, items, key: jax.Array) -> 
     solved_count = correct.sum(axis=1)
     out = {"greedy_accuracy": float(np.mean(solved(greedy))), "sampled_accuracy": float(correct.mean()),
            "never_solved_share": float(np.mean(solved_count == 0)),
-           "response_len_mean": float(np.concatenate([greedy_len, sampled_len]).mean()), "problems": n}
+           "response_len_mean": float(np.concatenate([greedy_len, sampled_len]).mean()), "problems": n,
+           "sampled_tokens": int(greedy_len.sum() + sampled_len.sum())}
     for kk in EVAL_KS:
         if kk <= k:
             out[f"pass@{kk}"] = float(np.mean([pass_at_k(k, int(c), kk) for c in solved_count]))
+    out["time_eval_s"] = time.perf_counter() - t0
     return out

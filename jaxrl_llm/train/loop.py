@@ -1,6 +1,7 @@
 """The training run: the only place that knows the order of a step's phases.
 
-    prompts -> rollouts (sampler) -> rewards (process pool) -> advantages -> update(s) -> metrics
+    prompts -> plan (explorers) -> sample -> rewards (process pool) -> revise (explorers)
+            -> advantages -> update(s) -> observe (explorers) -> metrics
     every eval.every steps: held-out evaluation; every train.checkpoint_every: checkpoint
 
 Random keys derive from fold_in(root, phase, step), the data iterator's state is checkpointed, so
@@ -23,21 +24,28 @@ from tqdm import tqdm
 
 from jaxrl_llm.config import Config
 from jaxrl_llm.data.pipeline import prompt_batches
-from jaxrl_llm.data.tasks import load_splits
+from jaxrl_llm.data.tasks import load_sft_items, load_splits
 from jaxrl_llm.model.hf_io import export_hf_folder
 from jaxrl_llm.model.tokenizer import pad_id, stop_ids
 from jaxrl_llm.parallel.mesh import make_mesh
 from jaxrl_llm.rewards.pool import RewardPool
 from jaxrl_llm.rl.forward import cast_floats
+from jaxrl_llm.explore.base import KEY_PHASE, Explorers, Setup, StepInfo
+from jaxrl_llm.explore.registry import build_explorers
+from jaxrl_llm.explore.rows import Rollouts
+from jaxrl_llm.rl.batch import RowBatch
+from jaxrl_llm.rl.batch import positions as batch_positions
 from jaxrl_llm.rl.layout import contexts_bound, rows_layout, shared_layout
-from jaxrl_llm.rl.update import UpdateSpec, init_optimizer, make_logprobs, make_optimizer, make_update
+from jaxrl_llm.rl.update import (UpdateSpec, abstract_optimizer_state, init_optimizer, make_logprobs, make_optimizer,
+                                 make_update)
 from jaxrl_llm.sampling.sampler import Sampler
 from jaxrl_llm.train.checkpoint import Checkpointer
 from jaxrl_llm.train.evaluate import evaluate
 from jaxrl_llm.train.metrics import MetricsWriter
 from jaxrl_llm.train.policy import build_policy, encode_items
-from jaxrl_llm.train.rollout import collect, update_batch
+from jaxrl_llm.train.rollout import plan_rows, rollout_metrics, sample_plan, score, update_rows, with_advantages
 from jaxrl_llm.train.sft import sft_batch
+from jaxrl_llm.train.state import TrainState
 from jaxrl_llm.utils import compile_counter
 
 PHASE_ROLLOUT, PHASE_EVAL, PHASE_SFT, PHASE_MINIBATCH = 1, 2, 3, 4
@@ -73,14 +81,18 @@ def rl_update_spec(cfg: Config, shared: bool | None = None) -> UpdateSpec:
                       layout="shared" if shared else "rows")
 
 
-def minibatch(cfg: Config, rows: dict, idx: np.ndarray, shared: bool | None = None) -> dict:
+def minibatch(cfg: Config, rows: RowBatch, idx: np.ndarray, shared: bool | None = None,
+              min_group: int | None = None):
     """Rows `idx` in the layout the update takes (rl/layout.py), cut into micro-batches of
-    algo.micro_batch rows with one context shape for the whole run."""
+    algo.micro_batch rows with one context shape for the whole run. `min_group`: the smallest group
+    the run's explorers can make (None: every group has rollout.group_size rows)."""
     shared = cfg.rollout.shared_prefix if shared is None else shared
     if not shared:
         return rows_layout(rows, idx)
     micro_rows = min(cfg.algo.micro_batch, len(idx))
-    return shared_layout(rows, idx, micro_rows, min_contexts=contexts_bound(micro_rows, cfg.rollout.group_size))
+    bound = contexts_bound(micro_rows, cfg.rollout.group_size if min_group is None else min_group,
+                           exact=min_group is None)
+    return shared_layout(rows, idx, micro_rows, min_contexts=bound)
 
 
 def _coefs(cfg: Config) -> dict:
@@ -90,12 +102,12 @@ def _coefs(cfg: Config) -> dict:
 
 
 class Run:
-    """Everything a run holds; `train()` drives it. Built once, then only its arrays change.
+    """A run: what stays fixed (policy graph, data, sampler, compiled updates, explorers) and its
+    train state (train/state.py), the only thing that changes. `train()` drives it.
 
     A run goes through stages, and a checkpoint marks how far it got, so a resumed run redoes
-    nothing it finished: evaluation before SFT, SFT steps (checkpoints in `sft_checkpoints/`: the
-    policy, the SFT optimizer state and the SFT step), the step-0 evaluation, RL steps (checkpoints
-    in `checkpoints/`: policy, optimizer state, the KL reference when kl_coef > 0, the data iterator).
+    nothing it finished: evaluation before SFT, SFT steps (checkpoints in `sft_checkpoints/`), the
+    step-0 evaluation, RL steps (checkpoints in `checkpoints/`). A checkpoint is the train state.
     """
 
     def __init__(self, cfg: Config, log=tqdm.write):
@@ -103,13 +115,15 @@ class Run:
         self.out_dir = Path(cfg.train.out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.mesh = make_mesh({"data": cfg.mesh.data, "fsdp": cfg.mesh.fsdp, "tensor": cfg.mesh.tensor})
-        self.policy = build_policy(cfg, self.mesh, self.out_dir)
+        self.policy, params = build_policy(cfg, self.mesh, self.out_dir)
         tok = self.tok = self.policy.tokenizer
         train_items, eval_items = load_splits(cfg.data)
         self.train_items, dropped = encode_items(tok, cfg, train_items)
         eval_items, eval_dropped = encode_items(tok, cfg, eval_items)
         self.eval_items = eval_items[:cfg.eval.size]
-        self.dropped_prompts = dropped + eval_dropped
+        sft_items, sft_dropped = encode_items(tok, cfg, load_sft_items(cfg.data)) if cfg.sft.steps > 0 else ([], 0)
+        self.sft_items = sft_items or self.train_items  # SFT on separate items when the config has them
+        self.dropped_prompts = dropped + eval_dropped + sft_dropped
         if not self.train_items:
             raise ValueError("no training prompts left (all dropped as longer than data.max_prompt_len?)")
         model_cfg = self.policy.model_cfg
@@ -121,79 +135,74 @@ class Run:
         self.optimizer = make_optimizer(o.lr, warmup_steps=o.warmup_steps, schedule=o.schedule,
                                         total_steps=cfg.train.steps * cfg.algo.ppo_epochs * cfg.algo.minibatches,
                                         weight_decay=o.weight_decay, b1=o.b1, b2=o.b2, max_grad_norm=o.max_grad_norm)
-        self.params = self.policy.params
-        self.opt_state = init_optimizer(self.optimizer, self.params, self.mesh)
-        self.ref_params = None  # the policy at the start of RL (after any SFT), held only when kl_coef > 0
-        self.update = make_update(self.policy.graphdef, rl_update_spec(cfg), self.optimizer, self.params,
-                                  self.opt_state, self.mesh)
-        self.recompute_logp = make_logprobs(self.policy.graphdef, cfg.model.compute_dtype, self.params, self.mesh,
+        self.sft_opt = make_optimizer(cfg.sft.lr, max_grad_norm=o.max_grad_norm)
+        self.update = make_update(self.policy.graphdef, rl_update_spec(cfg), self.optimizer, params,
+                                  abstract_optimizer_state(self.optimizer, params, self.mesh), self.mesh)
+        self.sft_update = None  # built when SFT runs
+        self.recompute_logp = make_logprobs(self.policy.graphdef, cfg.model.compute_dtype, params, self.mesh,
                                             self.rows) if cfg.algo.recompute_old_logp else None
         self.sample_dtype = jnp.dtype(cfg.model.compute_dtype)
         self._cast_for_sampling = jax.jit(lambda p: cast_floats(p, self.sample_dtype))
         self.data = prompt_batches(len(self.train_items), cfg.rollout.prompts_per_step, cfg.data.seed)
-        self.seed = cfg.train.seed
-        self.root = jax.random.key(self.seed)
+        self.explorers = Explorers(build_explorers(cfg))
+        self.min_group = self.explorers.min_group_size(cfg.rollout.group_size)
+        self.setup = Setup(num_items=len(self.train_items), prompts_per_step=cfg.rollout.prompts_per_step,
+                           group_size=cfg.rollout.group_size, rows=self.rows, total_steps=cfg.train.steps,
+                           steps_per_epoch=max(1, len(self.train_items) // jax.process_count()
+                                               // cfg.rollout.prompts_per_step),
+                           vocab_size=model_cfg.vocab_size, temperature=cfg.rollout.temperature,
+                           item_difficulty=np.array([it.difficulty for it, _ in self.train_items], np.float32))
+        first_opt = self.sft_opt if cfg.sft.steps > 0 else self.optimizer
+        self.state = TrainState(params=params, opt_state=init_optimizer(first_opt, params, self.mesh),
+                                explore=self.explorers.init(self.setup), seed=cfg.train.seed)
+        self.root = self.state.root()
         self.ckpt = Checkpointer(self.out_dir / "checkpoints", keep=cfg.train.keep_checkpoints,
                                  async_save=cfg.train.async_checkpoint)
         self.sft_ckpt = Checkpointer(self.out_dir / "sft_checkpoints", keep=cfg.train.keep_checkpoints,
                                      async_save=cfg.train.async_checkpoint)
-        self.sft_opt, self.sft_update, self.sft_opt_state = None, None, None
-        self.step = 0
-        self.sft_step = 0
-        self.stage = "start"  # start -> sft -> rl (rl: SFT and the step-0 evaluation are behind us)
-        self.metrics_rows = 0
 
-    # -- state that checkpoints carry -------------------------------------------------------------
-    def registry(self) -> dict:
-        return {"model_signature": self.policy.signature(), "stage": self.stage, "step": self.step,
-                "sft_step": self.sft_step, "data": self.data.get_state(), "seed": self.seed,
-                "metrics_rows": self.metrics_rows}
-
-    def _rl_arrays(self, registry=None) -> dict:
-        arrays = {"params": self.params, "opt_state": self.opt_state}
-        if self.cfg.algo.kl_coef > 0:
-            arrays["ref_params"] = self.params if self.ref_params is None else self.ref_params
-        return arrays
-
-    def _sft_arrays(self, registry=None) -> dict:
-        self._build_sft()
-        return {"params": self.params, "sft_opt_state": self.sft_opt_state}
+    # -- the train state in checkpoints -----------------------------------------------------------
+    def _arrays_like(self, registry: dict) -> dict:
+        """The array fields a checkpoint of `registry`'s stage holds for this run (structure and layout)."""
+        st = self.state
+        like = {"params": st.params, "opt_state": st.opt_state}  # SFT's and RL's optimizers share a structure
+        if registry.get("stage") == "rl" and self.cfg.algo.kl_coef > 0:
+            like["ref_params"] = st.params
+        if jax.tree.leaves(st.explore):
+            like["explore"] = st.explore
+        return like
 
     def save(self, wait: bool = False) -> str:
-        """Checkpoint the current stage; returns what was saved, in words."""
-        if self.stage == "rl":
-            self.ckpt.save(self.step, self._rl_arrays(), self.registry(), wait=wait)
-            return f"RL step {self.step} to {self.ckpt.directory}/{self.step}"
-        self.sft_ckpt.save(self.sft_step, self._sft_arrays(), self.registry(), wait=wait)
-        return (f"SFT step {self.sft_step}/{self.cfg.sft.steps} (policy and SFT optimizer state) to "
-                f"{self.sft_ckpt.directory}/{self.sft_step}")
+        """Checkpoint the train state; returns what was saved, in words."""
+        st = self.state
+        st.data = self.data.get_state()
+        arrays, registry = st.split()
+        registry["model_signature"] = self.policy.signature()
+        if st.stage == "rl":
+            self.ckpt.save(st.step, arrays, registry, wait=wait)
+            return f"RL step {st.step} to {self.ckpt.directory}/{st.step}"
+        self.sft_ckpt.save(st.sft_step, arrays, registry, wait=wait)
+        return (f"SFT step {st.sft_step}/{self.cfg.sft.steps} (policy and SFT optimizer state) to "
+                f"{self.sft_ckpt.directory}/{st.sft_step}")
 
     def try_resume(self) -> bool:
         if not self.cfg.train.resume:
             return False
         sig = self.policy.signature()
-        found = self.ckpt.restore_latest(self._rl_arrays, sig, log=self.log)
+        found = self.ckpt.restore_latest(self._arrays_like, sig, log=self.log)
         if found is None:
-            found = self.sft_ckpt.restore_latest(self._sft_arrays, sig, log=self.log)
+            found = self.sft_ckpt.restore_latest(self._arrays_like, sig, log=self.log)
             if found is None:
                 return False
         where, arrays, reg = found
-        self.params = arrays["params"]
-        if reg["stage"] == "rl":
-            self.opt_state = arrays["opt_state"]
-            self.ref_params = arrays.get("ref_params")
-        else:
-            self.sft_opt_state = arrays["sft_opt_state"]
-        self.stage, self.step, self.sft_step = reg["stage"], reg["step"], reg["sft_step"]
-        self.metrics_rows = reg["metrics_rows"]
-        self.data.set_state(reg["data"])
-        if reg["seed"] != self.cfg.train.seed:  # the key root must stay that of the checkpointed run
-            self.log(f"train.seed={self.cfg.train.seed} ignored: resuming the run seeded {reg['seed']}")
-            self.seed = reg["seed"]
-            self.root = jax.random.key(self.seed)
-        ckpt = self.ckpt if reg["stage"] == "rl" else self.sft_ckpt
+        self.state = st = self.state.joined(arrays, reg)
+        self.data.set_state(st.data)
+        if st.seed != self.cfg.train.seed:  # the key root must stay that of the checkpointed run
+            self.log(f"train.seed={self.cfg.train.seed} ignored: resuming the run seeded {st.seed}")
+        self.root = st.root()
+        ckpt = self.ckpt if st.stage == "rl" else self.sft_ckpt
         self.log(f"resumed from {ckpt.directory}/{where} ("
-                 + (f"RL step {self.step}" if self.stage == "rl" else f"SFT step {self.sft_step}/{self.cfg.sft.steps}")
+                 + (f"RL step {st.step}" if st.stage == "rl" else f"SFT step {st.sft_step}/{self.cfg.sft.steps}")
                  + ")")
         return True
 
@@ -204,67 +213,94 @@ class Run:
     def _build_sft(self) -> None:
         if self.sft_update is not None:
             return
-        cfg = self.cfg
-        self.sft_opt = make_optimizer(cfg.sft.lr, max_grad_norm=cfg.optim.max_grad_norm)
-        self.sft_opt_state = init_optimizer(self.sft_opt, self.params, self.mesh)
-        rows = cfg.sft.batch_size
-        spec = UpdateSpec(mode="sft", micro_batches=max(1, rows // cfg.algo.micro_batch),
+        cfg, params = self.cfg, self.state.params
+        spec = UpdateSpec(mode="sft", micro_batches=max(1, cfg.sft.batch_size // cfg.algo.micro_batch),
                           compute_dtype=cfg.model.compute_dtype)
-        self.sft_update = make_update(self.policy.graphdef, spec, self.sft_opt, self.params, self.sft_opt_state,
-                                      self.mesh)
+        self.sft_update = make_update(self.policy.graphdef, spec, self.sft_opt, params,
+                                      abstract_optimizer_state(self.sft_opt, params, self.mesh), self.mesh)
 
     def run_sft(self, writer: MetricsWriter, stop: "_StopFlag") -> None:
         """SFT steps from the current one on; returns early (the caller checkpoints) when a stop is asked."""
-        cfg = self.cfg
+        cfg, st = self.cfg, self.state
         self._build_sft()
         rows, eos = cfg.sft.batch_size, self.tok.eos_token_id
-        bar = tqdm(total=cfg.sft.steps, initial=self.sft_step, desc="sft", disable=jax.process_index() != 0)
-        while self.sft_step < cfg.sft.steps and not stop.requested:
-            s = self.sft_step + 1
-            rng = np.random.default_rng((self.seed, PHASE_SFT, s))  # step s draws the same rows after a resume
-            pairs = [self.train_items[i] for i in rng.choice(len(self.train_items), rows, replace=False)]
-            self.params, self.sft_opt_state, m = self.sft_update(
-                self.params, self.sft_opt_state, sft_batch(self.tok, cfg, pairs, self.sampler.pad_id, eos), _coefs(cfg))
-            self.sft_step = s
+        bar = tqdm(total=cfg.sft.steps, initial=st.sft_step, desc="sft", disable=jax.process_index() != 0)
+        while st.sft_step < cfg.sft.steps and not stop.requested:
+            s = st.sft_step + 1
+            rng = np.random.default_rng((st.seed, PHASE_SFT, s))  # step s draws the same rows after a resume
+            pairs = [self.sft_items[i] for i in rng.choice(len(self.sft_items), rows, replace=False)]
+            st.params, st.opt_state, m = self.sft_update(
+                st.params, st.opt_state, sft_batch(self.tok, cfg, pairs, self.sampler.pad_id, eos), _coefs(cfg))
+            st.sft_step = s
             bar.update(1)
             if s % 10 == 0 or s == cfg.sft.steps:
                 self._write(writer, s, {"nll": float(m["nll"]), "grad_norm": float(m["grad_norm"])}, kind="sft")
         bar.close()
 
+    def start_rl(self) -> None:
+        """SFT (if any) is done: fix the KL reference, give the RL optimizer a fresh state."""
+        st = self.state
+        st.ref_params = jax.tree.map(jnp.copy, st.params) if self.cfg.algo.kl_coef > 0 else None
+        if self.cfg.sft.steps > 0:
+            st.opt_state = init_optimizer(self.optimizer, st.params, self.mesh)
+        st.stage = "rl"
+
     def sampling_params(self):
         """The policy as the sampler should see it: in the update's compute dtype, so old log-probs are
         the trainer's numbers (a bf16 run samples with bf16 weights, not its float32 master copy)."""
         if self.sample_dtype == jnp.float32:
-            return self.params
-        return self._cast_for_sampling(self.params)
+            return self.state.params
+        return self._cast_for_sampling(self.state.params)
+
+    def rollouts(self, pool: RewardPool, prompt_ids: np.ndarray) -> tuple[Rollouts, dict]:
+        """The step's rows: plan (explorers may change it), sample, score, revise, advantages."""
+        cfg, st = self.cfg, self.state
+        batch = [self.train_items[i] for i in prompt_ids]
+        items, prompts = [it for it, _ in batch], [ids for _, ids in batch]
+        info = {name: StepInfo(st.step, prompt_ids, self.key(KEY_PHASE[name], st.step)) for name in self.explorers.names}
+        plan = self.explorers.plan(st.explore, plan_rows(cfg, len(batch), self.key(PHASE_ROLLOUT, st.step)), info)
+        params = self.sampling_params()
+        t0 = time.perf_counter()
+        out = sample_plan(self.sampler, params, cfg, prompts, plan)
+        t1 = time.perf_counter()
+        score_fn = lambda plan, out: score(pool, self.tok, cfg, items, plan, out)  # noqa: E731
+        rollouts = score_fn(plan, out)
+        t2 = time.perf_counter()
+        sample_fn = lambda plan, contexts=None: sample_plan(self.sampler, params, cfg, prompts, plan, contexts)  # noqa: E731
+        rollouts = self.explorers.revise(st.explore, rollouts, info, sample_fn, score_fn)
+        rollouts = with_advantages(rollouts, cfg.algo.advantage)
+        t3 = time.perf_counter()
+        metrics = {**rollout_metrics(rollouts),
+                   "sample_tokens_per_s": float(out.num_generated.sum() / max(t1 - t0, 1e-9)),
+                   "time_sample_s": t1 - t0, "time_reward_s": t2 - t1, "time_revise_s": t3 - t2}
+        return rollouts, dict(info=info, **metrics)
 
     def rl_step(self, pool: RewardPool) -> dict:
-        cfg = self.cfg
+        cfg, st = self.cfg, self.state
         t0 = time.perf_counter()
-        batch = [self.train_items[i] for i in next(self.data)]
-        rollouts, metrics = collect(self.sampler, self.sampling_params(), pool, self.tok, cfg, batch,
-                                    self.key(PHASE_ROLLOUT, self.step))
+        rollouts, metrics = self.rollouts(pool, np.asarray(next(self.data)))
+        info = metrics.pop("info")
         t1 = time.perf_counter()
-        full = update_batch(rollouts)
+        full = update_rows(rollouts)
         if self.recompute_logp is not None:
-            mask = full["loss_mask"]
-            trainer_logp = np.asarray(self.recompute_logp(self.params, full["tokens"], full["temperature"])) * mask
-            metrics["logp_gap_sampler_recomputed"] = float(np.abs(trainer_logp - full["old_logp"])[mask].mean()) \
+            mask = full.loss_mask
+            trainer_logp = np.asarray(self.recompute_logp(st.params, full.tokens, full.temperature)) * mask
+            metrics["logp_gap_sampler_recomputed"] = float(np.abs(trainer_logp - full.old_logp)[mask].mean()) \
                 if mask.any() else 0.0
-            full["old_logp"] = trainer_logp.astype(np.float32)
+            full = full.replace(old_logp=trainer_logp.astype(np.float32))
         mb_rows = self.rows // cfg.algo.minibatches
         ups, positions = [], 0
         for epoch in range(cfg.algo.ppo_epochs):
             order = np.arange(self.rows) if cfg.algo.minibatches == 1 else np.asarray(
-                jax.random.permutation(jax.random.fold_in(self.key(PHASE_MINIBATCH, self.step), epoch), self.rows))
+                jax.random.permutation(jax.random.fold_in(self.key(PHASE_MINIBATCH, st.step), epoch), self.rows))
             for m in range(cfg.algo.minibatches):
-                batch = minibatch(cfg, full, order[m * mb_rows:(m + 1) * mb_rows])
-                positions += batch["tokens"].size + batch.get("ctx_tokens", np.zeros(0)).size
-                self.params, self.opt_state, um = self.update(self.params, self.opt_state, batch, _coefs(cfg),
-                                                              self.ref_params)
+                batch = minibatch(cfg, full, order[m * mb_rows:(m + 1) * mb_rows], min_group=self.min_group)
+                positions += batch_positions(batch)
+                st.params, st.opt_state, um = self.update(st.params, st.opt_state, batch, _coefs(cfg), st.ref_params)
                 ups.append(um)
         ups = jax.device_get(ups)
         t2 = time.perf_counter()
+        st.explore, explore_metrics = self.explorers.observe(st.explore, rollouts, info)
         first = ups[0]
         metrics.update({
             "loss": float(np.mean([u["loss"] for u in ups])),
@@ -279,65 +315,68 @@ class Run:
             # positions that go through forward and backward (contexts once each in the shared layout),
             # loss-bearing or padding
             "update_positions_per_s": float(positions / max(t2 - t1, 1e-9)),
-            "time_update_s": t2 - t1, "time_step_s": t2 - t0,
-            "time_other_s": (t2 - t0) - metrics["time_sample_s"] - metrics["time_reward_s"] - (t2 - t1),
+            "time_update_s": t2 - t1, "time_step_s": time.perf_counter() - t0,
             "compilations": compile_counter.compilations(), "reward_errors": pool.stats.errors,
             "reward_timeouts": pool.stats.timeouts, "dropped_prompts": self.dropped_prompts,
+            **explore_metrics,
         })
+        metrics["time_other_s"] = metrics["time_step_s"] - metrics["time_sample_s"] - metrics["time_reward_s"] \
+            - metrics["time_update_s"]
         return metrics
 
     def evaluate(self, pool: RewardPool) -> dict:
-        return evaluate(self.sampler, self.sampling_params(), pool, self.tok, self.cfg, self.eval_items,
-                        self.key(PHASE_EVAL, self.step))
+        items = self.eval_items if self.cfg.eval.split == "heldout" else self.train_items[:self.cfg.eval.size]
+        return evaluate(self.sampler, self.sampling_params(), pool, self.tok, self.cfg, items,
+                        self.key(PHASE_EVAL, self.state.step))
 
     # -- the loop ---------------------------------------------------------------------------------
     def _write(self, writer: MetricsWriter, step: int, metrics: dict, kind: str = "train") -> None:
         writer.write(step, metrics, kind=kind)
-        self.metrics_rows = writer.rows
+        self.state.metrics_rows = writer.rows
 
     def _eval(self, writer: MetricsWriter, pool: RewardPool, kind: str, label: str) -> dict:
         result = self.evaluate(pool)
-        self._write(writer, self.sft_step if kind == "eval_before_sft" else self.step, result, kind)
+        self._write(writer, self.state.sft_step if kind == "eval_before_sft" else self.state.step, result, kind)
         self.log(f"{label} held-out: {_fmt(result)}")
         return result
 
     def train(self) -> dict:
         cfg = self.cfg
         resumed = self.try_resume()
+        st = self.state
         if jax.process_index() == 0:
             (self.out_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-        if resumed and self.stage == "rl" and self.step >= cfg.train.steps:
+        if resumed and st.stage == "rl" and st.step >= cfg.train.steps:
             return self._already_complete()
-        writer = MetricsWriter(self.out_dir, tensorboard=cfg.train.tensorboard, keep_rows=self.metrics_rows)
+        writer = MetricsWriter(self.out_dir, tensorboard=cfg.train.tensorboard, keep_rows=st.metrics_rows)
         last_eval: dict = {}
         saved = ""
         with RewardPool(cfg.reward.workers, cfg.reward.timeout_s) as pool, _StopFlag() as stop:
-            if self.stage == "start" and cfg.sft.steps > 0:
+            if st.stage == "start" and cfg.sft.steps > 0:
                 self._eval(writer, pool, "eval_before_sft", "before SFT")
-                self.stage = "sft"
-            if self.stage in ("start", "sft") and not stop.requested:
+                st.stage = "sft"
+            if st.stage in ("start", "sft") and not stop.requested:
                 if cfg.sft.steps > 0:
                     self.run_sft(writer, stop)
                 if not stop.requested:
-                    self.ref_params = jax.tree.map(jnp.copy, self.params) if cfg.algo.kl_coef > 0 else None
+                    self.start_rl()
                     last_eval = self._eval(writer, pool, "eval", "step 0")
-                    self.stage = "rl"
                     saved = self.save(wait=stop.requested)  # SFT and the step-0 evaluation are not redone
-            bar = tqdm(total=cfg.train.steps, initial=self.step, desc="train", disable=jax.process_index() != 0)
-            while self.stage == "rl" and self.step < cfg.train.steps and not stop.requested:
-                self.step += 1
+            bar = tqdm(total=cfg.train.steps, initial=st.step, desc="train", disable=jax.process_index() != 0)
+            while st.stage == "rl" and st.step < cfg.train.steps and not stop.requested:
+                st.step += 1
                 m = self.rl_step(pool)
-                self._write(writer, self.step, m)
+                self._write(writer, st.step, m)
                 bar.set_postfix(reward=f"{m['reward_mean']:.3f}", acc=f"{m['accuracy']:.2f}",
                                 H=f"{m['entropy']:.2f}", T=f"{m['temperature']:.2f}",
                                 tok_s=f"{m['sample_tokens_per_s']:.0f}")
                 bar.update(1)
-                if self.step % cfg.eval.every == 0 or self.step == cfg.train.steps:
-                    last_eval = self._eval(writer, pool, "eval", f"step {self.step}")
-                if self.step % cfg.train.checkpoint_every == 0 or self.step == cfg.train.steps or stop.requested:
+                if st.step % cfg.eval.every == 0 or st.step == cfg.train.steps:
+                    last_eval = self._eval(writer, pool, "eval", f"step {st.step}")
+                if st.step % cfg.train.checkpoint_every == 0 or st.step == cfg.train.steps or stop.requested:
                     saved = self.save(wait=stop.requested)
             bar.close()
-            if stop.requested and self.stage != "rl":
+            if stop.requested and st.stage != "rl":
                 saved = self.save(wait=True)
         self.ckpt.close()
         self.sft_ckpt.close()
@@ -347,7 +386,7 @@ class Run:
             return last_eval
         self._summary()
         if cfg.train.export_final and jax.process_index() == 0:
-            model = nnx.merge(self.policy.graphdef, self.params)
+            model = nnx.merge(self.policy.graphdef, st.params)
             export_hf_folder(model, self.out_dir / "final", tokenizer=self.tok)
             self.log(f"exported the final policy to {self.out_dir / 'final'}")
         return last_eval
@@ -356,11 +395,11 @@ class Run:
         self.ckpt.close()
         self.sft_ckpt.close()
         final = self.out_dir / "final"
-        self.log(f"{self.out_dir} is complete: {self.step} of train.steps={self.cfg.train.steps} RL steps done"
+        self.log(f"{self.out_dir} is complete: {self.state.step} of train.steps={self.cfg.train.steps} RL steps done"
                  + (f"; final policy in {final}" if (final / "config.json").is_file() else "")
                  + "; raise train.steps to continue it, or use another train.out_dir")
         if self.cfg.train.export_final and not (final / "config.json").is_file() and jax.process_index() == 0:
-            export_hf_folder(nnx.merge(self.policy.graphdef, self.params), final, tokenizer=self.tok)
+            export_hf_folder(nnx.merge(self.policy.graphdef, self.state.params), final, tokenizer=self.tok)
             self.log(f"exported the final policy to {final}")
         return {}
 

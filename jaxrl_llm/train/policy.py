@@ -20,10 +20,12 @@ from jaxrl_llm.model.transformer import Transformer, abstract_model
 from jaxrl_llm.parallel.rules import sharding_tree
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Policy:
+    """What stays fixed about the policy: its graph, shape and tokenizer. Its weights live in the
+    train state (train/state.py) only: the update donates them, so no other reference may be kept."""
+
     graphdef: nnx.GraphDef
-    params: nnx.State
     model_cfg: ModelConfig
     tokenizer: object
 
@@ -35,7 +37,8 @@ class Policy:
                 "num_kv_heads": c.num_kv_heads, "head_dim": c.head_dim}
 
 
-def build_policy(cfg: Config, mesh: Mesh, out_dir: Path) -> Policy:
+def build_policy(cfg: Config, mesh: Mesh, out_dir: Path) -> tuple[Policy, nnx.State]:
+    """The policy and its initial weights (placed on the mesh)."""
     if cfg.model.name == "scratch":
         from jaxrl_llm.model.char_tokenizer import char_tokenizer
 
@@ -55,7 +58,7 @@ def build_policy(cfg: Config, mesh: Mesh, out_dir: Path) -> Policy:
         graphdef, params = nnx.split(model)
     if cfg.model.remat:
         graphdef = _with_remat(graphdef, params)
-    return Policy(graphdef, params, model_cfg, tok)
+    return Policy(graphdef, model_cfg, tok), params
 
 
 def _with_remat(graphdef, params):

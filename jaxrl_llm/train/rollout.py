@@ -1,9 +1,14 @@
-"""One step's rollouts: sample groups for a batch of prompts, score them, and build the update batch."""
+"""One step's rollouts, phase by phase: plan -> sample -> score -> (explorers revise) -> advantages.
+
+Each phase is a function of the previous one's output (explore/rows.py types), so explorers
+(explore/) can change the plan before sampling and the rows after scoring, and the advantages are
+computed last, over whatever rows the step ended with (groups of any size, by segment sums).
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import time
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -11,66 +16,96 @@ import numpy as np
 
 from jaxrl_llm.config import Config
 from jaxrl_llm.data.tasks import TaskItem
+from jaxrl_llm.explore.rows import RowPlan, Rollouts
 from jaxrl_llm.rewards.pool import RewardPool
 from jaxrl_llm.rl.advantages import group_advantages
+from jaxrl_llm.rl.batch import RowBatch
 from jaxrl_llm.sampling.sampler import FINISH_LENGTH, Sampler, SampleOutput
 from jaxrl_llm.train.metrics import group_stats, solved
 
 _advantages = jax.jit(group_advantages, static_argnames=("estimator", "num_groups"))
 
 
-@dataclasses.dataclass
-class Rollouts:
-    out: SampleOutput
-    group: np.ndarray  # [N] prompt index within the step
-    rewards: np.ndarray  # [N]
-    advantages: np.ndarray  # [N]
-    texts: list[str]
+def plan_rows(cfg: Config, num_prompts: int, key: jax.Array) -> RowPlan:
+    """Plain GRPO's plan: every prompt rollout.group_size times at rollout.temperature."""
+    return RowPlan.groups([cfg.rollout.group_size] * num_prompts, cfg.rollout.temperature, key)
 
 
-def score_rollouts(pool: RewardPool, tok, cfg: Config, items: list[TaskItem], out: SampleOutput,
-                   row_item: np.ndarray) -> tuple[np.ndarray, list[str]]:
-    texts = [tok.decode(out.generated(i), skip_special_tokens=True) for i in range(len(row_item))]
+def sample_plan(sampler: Sampler, params, cfg: Config, prompts: Sequence[Sequence[int]], plan: RowPlan,
+                contexts: Sequence[Sequence[int]] | None = None) -> SampleOutput:
+    """One sampler call for the plan's rows: row i continues prompts[plan.prompt[i]] (or contexts[i]
+    when given, e.g. a revise prompt) plus its given prefix, at its temperature, with its key."""
+    ctx = [prompts[i] for i in plan.prompt] if contexts is None else contexts
+    return sampler(params, ctx, max_new_tokens=cfg.rollout.max_new_tokens, temperature=plan.temperature,
+                   top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k, row_keys=jax.random.wrap_key_data(plan.row_keys),
+                   prefixes=plan.prefix)
+
+
+def response_texts(tok, out: SampleOutput) -> list[str]:
+    """Each row's response as scored: its given prefix (if any) and the tokens it generated."""
+    start, stop = out.prompt_len, out.context_len + out.num_generated
+    return [tok.decode(out.tokens[i, start[i]:stop[i]].tolist(), skip_special_tokens=True) for i in range(out.rows)]
+
+
+def score_texts(pool: RewardPool, cfg: Config, items: Sequence[TaskItem], texts: Sequence[str],
+                row_item: np.ndarray) -> np.ndarray:
+    """Reward [N] of texts[i] as an answer to items[row_item[i]] (strict 0/1 unless partial credit)."""
     jobs = [(items[j].scorer, items[j].answer, items[j].entry_json, texts[i], cfg.data.answer_format)
             for i, j in enumerate(row_item)]
     rewards = np.asarray(pool.map(jobs), np.float32)
     if not cfg.reward.partial_credit:
         rewards = solved(rewards).astype(np.float32)
-    return rewards, texts
+    return rewards
 
 
-def collect(sampler: Sampler, params, pool: RewardPool, tok, cfg: Config, batch: list[tuple[TaskItem, list[int]]],
-            key: jax.Array) -> tuple[Rollouts, dict]:
-    n = cfg.rollout.group_size
-    items = [it for it, _ in batch]
-    group = np.repeat(np.arange(len(batch)), n)
-    prompts = [batch[g][1] for g in group]
-    t0 = time.perf_counter()
-    out = sampler(params, prompts, max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
-                  top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k, key=key)
-    t1 = time.perf_counter()
-    rewards, texts = score_rollouts(pool, tok, cfg, items, out, group)
-    t2 = time.perf_counter()
-    adv = np.asarray(_advantages(jnp.asarray(rewards), jnp.asarray(group), jnp.ones(len(group), bool),
-                                 estimator=cfg.algo.advantage, num_groups=len(group)))
+def score(pool: RewardPool, tok, cfg: Config, items: Sequence[TaskItem], plan: RowPlan,
+          out: SampleOutput) -> Rollouts:
+    """Rewards of the sampled plan against the ORIGINAL items of its rows."""
+    texts = response_texts(tok, out)
+    return Rollouts(plan, out, score_texts(pool, cfg, items, texts, plan.prompt), tuple(texts))
+
+
+def with_advantages(r: Rollouts, estimator: str) -> Rollouts:
+    """Advantages within the plan's groups, over every row the step ended with."""
+    group = r.plan.group
+    adv = _advantages(jnp.asarray(r.rewards), jnp.asarray(group), jnp.ones(r.rows, bool), estimator=estimator,
+                      num_groups=r.rows)
+    return dataclasses.replace(r, advantages=np.asarray(adv, np.float32))
+
+
+def rollout_metrics(r: Rollouts) -> dict:
+    out, rewards = r.out, r.rewards
     correct = solved(rewards)
     mask = out.response_mask
-    metrics = {
+    return {
         "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()), "accuracy": float(correct.mean()),
-        **group_stats(correct, group),
+        **group_stats(correct, r.plan.group),
         "response_len_mean": float(out.num_generated.mean()), "response_len_max": int(out.num_generated.max()),
         "truncated_share": float(np.mean(out.finish_reason == FINISH_LENGTH)),
         "entropy": float(out.entropy[mask].mean()) if mask.any() else 0.0,
         "temperature": float(np.mean(out.temperature)),
-        "sample_tokens_per_s": float(out.num_generated.sum() / max(t1 - t0, 1e-9)),
-        "time_sample_s": t1 - t0, "time_reward_s": t2 - t1,
+        "sampled_tokens": int(out.num_generated.sum()),
     }
-    return Rollouts(out, group, rewards, adv, texts), metrics
 
 
-def update_batch(r: Rollouts) -> dict[str, np.ndarray]:
+def update_rows(r: Rollouts) -> RowBatch:
     """The rows of rl/layout.py: a row's context is its prompt plus any given prefix (never trained on)."""
     out = r.out
-    return {"tokens": out.tokens, "context_len": out.context_len.astype(np.int32), "loss_mask": out.response_mask,
-            "old_logp": out.logprobs, "advantages": r.advantages.astype(np.float32),
-            "temperature": out.temperature.astype(np.float32), "valid": np.ones(len(r.rewards), bool)}
+    return RowBatch.make(out.tokens, out.response_mask, context_len=out.context_len, old_logp=out.logprobs,
+                         advantages=r.advantages, temperature=out.temperature, hindsight=r.plan.hindsight)
+
+
+def collect(sampler: Sampler, params, pool: RewardPool, tok, cfg: Config, batch, key: jax.Array
+            ) -> tuple[Rollouts, dict]:
+    """Plain GRPO's rollouts for (item, prompt ids) pairs, the phases back to back, with their times
+    (benchmarks; the trainer runs the phases itself, with its explorers between them)."""
+    import time
+
+    items, prompts = [it for it, _ in batch], [ids for _, ids in batch]
+    plan = plan_rows(cfg, len(batch), key)
+    t0 = time.perf_counter()
+    out = sample_plan(sampler, params, cfg, prompts, plan)
+    t1 = time.perf_counter()
+    r = with_advantages(score(pool, tok, cfg, items, plan, out), cfg.algo.advantage)
+    t2 = time.perf_counter()
+    return r, {**rollout_metrics(r), "time_sample_s": t1 - t0, "time_reward_s": t2 - t1}

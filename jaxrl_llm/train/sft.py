@@ -6,10 +6,11 @@ import numpy as np
 
 from jaxrl_llm.config import Config
 from jaxrl_llm.rewards.verifiers import render_answer
+from jaxrl_llm.rl.batch import RowBatch
 from jaxrl_llm.sampling.buckets import bucket
 
 
-def sft_batch(tok, cfg: Config, pairs, pad_id: int, eos_id: int) -> dict[str, np.ndarray]:
+def sft_batch(tok, cfg: Config, pairs, pad_id: int, eos_id: int) -> RowBatch:
     """Rows of prompt + reference answer + eos, right-padded to a bucket; the loss covers the answer."""
     seqs, starts = [], []
     for item, prompt_ids in pairs:
@@ -23,7 +24,4 @@ def sft_batch(tok, cfg: Config, pairs, pad_id: int, eos_id: int) -> dict[str, np
     for i, (s, st) in enumerate(zip(seqs, starts)):
         tokens[i, :len(s)] = s
         mask[i, st:len(s)] = True
-    rows = len(seqs)
-    return {"tokens": tokens, "loss_mask": mask, "old_logp": np.zeros((rows, width), np.float32),
-            "advantages": np.ones(rows, np.float32), "temperature": np.ones(rows, np.float32),
-            "valid": np.ones(rows, bool)}
+    return RowBatch.make(tokens, mask, context_len=starts)

@@ -1,0 +1,120 @@
+"""The exploration seam: what an explorer may do to a step, and how several compose.
+
+A step (train/loop.py) runs, for the explorers in their fixed order (ALGORITHMS.md §4: E3, RRL,
+HeRL):
+
+    plan     each explorer may change the row plan: group sizes, temperatures, prefix rows
+    sample   one sampler call for the plan
+    score    a reward per row (and rubric items met)
+    revise   each explorer may add or replace rows, with `sample` and `score` callables it is
+             handed (so explore/ never imports train/)
+    advantages over the rows the step ended with, then the update
+    observe  each explorer updates its state from the scored rollouts and returns metrics
+
+An explorer's state is a pytree of arrays: it is checkpointed with the train state and restored
+exactly. Each explorer draws its randomness from its own key phase (`StepInfo.key`). The defaults
+do nothing, so plain GRPO is the empty composition.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+from jaxrl_llm.explore.rows import RowPlan, Rollouts
+from jaxrl_llm.sampling.sampler import SampleOutput
+
+# the fixed order explorers run in, and the key phase of each (the trainer's own phases are below 16)
+ORDER = ("e3", "rrl", "herl")
+KEY_PHASE = {name: 16 + i for i, name in enumerate(ORDER)}
+
+SampleFn = Callable[[RowPlan, "Sequence[Sequence[int]] | None"], SampleOutput]
+ScoreFn = Callable[[RowPlan, SampleOutput], Rollouts]
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """What an explorer may size its state by, fixed for the run."""
+
+    num_items: int  # training prompts (trackers index them by their position in the data set)
+    prompts_per_step: int  # B
+    group_size: int  # nominal rollouts per prompt n
+    rows: int  # N = n * B, the static rollout batch
+    total_steps: int
+    steps_per_epoch: int
+    vocab_size: int
+    temperature: float  # the configured sampling temperature
+    item_difficulty: np.ndarray | None = None  # [num_items] data-set rank in [0, 1] (1 hardest), if given
+
+
+@dataclasses.dataclass(frozen=True)
+class StepInfo:
+    step: int  # 1-based RL step
+    prompt_ids: np.ndarray  # [B] data-set index of each of the step's prompts
+    key: jax.Array  # the explorer's key for this step (its own phase)
+
+
+class Explorer:
+    """No-op defaults; subclasses override what they change."""
+
+    name = "none"
+
+    def init(self, setup: Setup) -> Any:
+        return {}
+
+    def min_group_size(self) -> int | None:
+        """The smallest group this explorer can create, None when it leaves group sizes alone (the
+        update's shared layout is sized by it)."""
+        return None
+
+    def plan(self, state, plan: RowPlan, info: StepInfo) -> RowPlan:
+        return plan
+
+    def revise(self, state, rollouts: Rollouts, info: StepInfo, sample: SampleFn, score: ScoreFn) -> Rollouts:
+        return rollouts
+
+    def observe(self, state, rollouts: Rollouts, info: StepInfo) -> tuple[Any, dict]:
+        return state, {}
+
+
+class Explorers:
+    """Explorers composed in the fixed ORDER; states are a dict name -> pytree."""
+
+    def __init__(self, explorers: Sequence[Explorer]):
+        unknown = [e.name for e in explorers if e.name not in ORDER]
+        if unknown:
+            raise ValueError(f"unknown explorers {unknown}; known: {ORDER}")
+        self.explorers = sorted(explorers, key=lambda e: ORDER.index(e.name))
+
+    @property
+    def names(self) -> list[str]:
+        return [e.name for e in self.explorers]
+
+    def init(self, setup: Setup) -> dict:
+        return {e.name: e.init(setup) for e in self.explorers}
+
+    def min_group_size(self, nominal: int) -> int | None:
+        """None when every group keeps `nominal` rows, else the smallest group any explorer can make."""
+        sizes = [m for m in (e.min_group_size() for e in self.explorers) if m is not None]
+        return min([nominal] + sizes) if sizes else None
+
+    def plan(self, states: dict, plan: RowPlan, info: dict[str, StepInfo]) -> RowPlan:
+        for e in self.explorers:
+            plan = e.plan(states[e.name], plan, info[e.name])
+        return plan
+
+    def revise(self, states: dict, rollouts: Rollouts, info: dict[str, StepInfo], sample: SampleFn,
+               score: ScoreFn) -> Rollouts:
+        for e in self.explorers:
+            rollouts = e.revise(states[e.name], rollouts, info[e.name], sample, score)
+        return rollouts
+
+    def observe(self, states: dict, rollouts: Rollouts, info: dict[str, StepInfo]) -> tuple[dict, dict]:
+        states, metrics = dict(states), {}
+        for e in self.explorers:
+            states[e.name], m = e.observe(states[e.name], rollouts, info[e.name])
+            metrics.update(m)
+        return states, metrics

@@ -1,0 +1,118 @@
+"""A step's rows as the trainer and the explorers share them.
+
+`RowPlan` is what the sampler is asked for, frozen before sampling: for each of the N rows (a static
+number per run) the prompt it answers (an index into the step's prompts), its group (advantages are
+computed within groups, whatever their sizes), its temperature, an optional given prefix of the
+response (context, never trained on), per-row flags, and its random key. `Rollouts` is the plan
+sampled and scored: the sampler's output, a scalar reward per row, the rubric items each row met
+(tasks with rubrics), the decoded texts, and at the end the advantages.
+
+Both can be cut (`take`), joined (`concat`) and patched (`replace_rows`), so an explorer can add
+rows or swap some for others sampled in another length bucket.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import jax
+import numpy as np
+
+from jaxrl_llm.sampling.sampler import SampleOutput, row_key_data
+
+
+@dataclasses.dataclass(frozen=True)
+class RowPlan:
+    prompt: np.ndarray  # [N] int: index into the step's prompts
+    group: np.ndarray  # [N] int: group id
+    temperature: np.ndarray  # [N] float32
+    prefix: tuple[tuple[int, ...], ...]  # [N] given response prefix tokens (empty: sample from the prompt)
+    replayed: np.ndarray  # [N] bool: continues a stored prefix state (RRL)
+    hindsight: np.ndarray  # [N] bool: a hindsight revision (HeRL)
+    row_keys: np.ndarray  # [N, ...] raw key data: row i samples with fold_in(row_keys[i], t)
+
+    _ROW_FIELDS = ("prompt", "group", "temperature", "replayed", "hindsight", "row_keys")
+
+    @classmethod
+    def groups(cls, sizes: Sequence[int], temperature, key: jax.Array) -> "RowPlan":
+        """Prompt i sampled sizes[i] times from scratch: group i, rows in prompt order, row r's key
+        fold_in(key, r)."""
+        sizes = np.asarray(sizes, np.int64)
+        group = np.repeat(np.arange(len(sizes)), sizes)
+        n = len(group)
+        temp = np.broadcast_to(np.asarray(temperature, np.float32), (n,)).copy()
+        return cls(prompt=group.copy(), group=group, temperature=temp, prefix=((),) * n,
+                   replayed=np.zeros(n, bool), hindsight=np.zeros(n, bool), row_keys=np.asarray(row_key_data(key, n)))
+
+    @property
+    def rows(self) -> int:
+        return len(self.group)
+
+    @property
+    def group_sizes(self) -> np.ndarray:
+        return np.bincount(self.group)
+
+    def take(self, idx) -> "RowPlan":
+        idx = np.arange(self.rows)[idx]
+        return dataclasses.replace(self, prefix=tuple(self.prefix[i] for i in idx),
+                                   **{f: getattr(self, f)[idx] for f in self._ROW_FIELDS})
+
+    @staticmethod
+    def concat(plans: Sequence["RowPlan"]) -> "RowPlan":
+        return dataclasses.replace(plans[0], prefix=tuple(p for plan in plans for p in plan.prefix),
+                                   **{f: np.concatenate([getattr(p, f) for p in plans]) for f in RowPlan._ROW_FIELDS})
+
+    def replace_rows(self, idx, other: "RowPlan") -> "RowPlan":
+        idx = np.arange(self.rows)[idx]
+        prefix = list(self.prefix)
+        for i, p in zip(idx, other.prefix):
+            prefix[i] = p
+        fields = {}
+        for f in self._ROW_FIELDS:
+            x = getattr(self, f).copy()
+            x[idx] = getattr(other, f)
+            fields[f] = x
+        return dataclasses.replace(self, prefix=tuple(prefix), **fields)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rollouts:
+    plan: RowPlan
+    out: SampleOutput
+    rewards: np.ndarray  # [N] float32
+    texts: tuple[str, ...]  # [N] decoded response (given prefix + generated tokens)
+    met: np.ndarray | None = None  # [N, K] bool: rubric items met (tasks with rubrics), else None
+    advantages: np.ndarray | None = None  # [N] float32, computed last
+
+    @property
+    def rows(self) -> int:
+        return self.plan.rows
+
+    def take(self, idx) -> "Rollouts":
+        idx = np.arange(self.rows)[idx]
+        return Rollouts(self.plan.take(idx), self.out.take(idx), self.rewards[idx],
+                        tuple(self.texts[i] for i in idx), None if self.met is None else self.met[idx],
+                        None if self.advantages is None else self.advantages[idx])
+
+    @staticmethod
+    def concat(parts: Sequence["Rollouts"]) -> "Rollouts":
+        mets = [p.met for p in parts]
+        return Rollouts(RowPlan.concat([p.plan for p in parts]), SampleOutput.concat([p.out for p in parts]),
+                        np.concatenate([p.rewards for p in parts]), tuple(t for p in parts for t in p.texts),
+                        None if any(m is None for m in mets) else np.concatenate(mets))
+
+    def replace_rows(self, idx, other: "Rollouts") -> "Rollouts":
+        """These rollouts with rows `idx` replaced by `other`'s (advantages are dropped: compute them
+        again over the rows the step ends with)."""
+        idx = np.arange(self.rows)[idx]
+        rewards, texts = self.rewards.copy(), list(self.texts)
+        rewards[idx] = other.rewards
+        for i, t in zip(idx, other.texts):
+            texts[i] = t
+        met = None
+        if self.met is not None and other.met is not None:
+            met = self.met.copy()
+            met[idx] = other.met
+        return Rollouts(self.plan.replace_rows(idx, other.plan), self.out.replace_rows(idx, other.out), rewards,
+                        tuple(texts), met)

@@ -1,0 +1,59 @@
+"""The train state: everything a run's progress is, saved and restored as one unit.
+
+Fields marked `arrays` are array pytrees (orbax, restored straight into the live arrays' sharded
+layout); every other field is plain data kept in the checkpoint's JSON registry. Saving and
+restoring walk the dataclass fields, so a field added here is checkpointed without another line
+anywhere. `opt_state` is the optimizer state of the stage the run is in (SFT's during SFT, RL's
+after); `explore` holds each explorer's state (explore/base.py) by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+
+
+def _arrays(**kw):
+    return dataclasses.field(metadata={"arrays": True}, **kw)
+
+
+@dataclasses.dataclass
+class TrainState:
+    params: Any = _arrays(default=None)
+    opt_state: Any = _arrays(default=None)
+    ref_params: Any = _arrays(default=None)  # the KL reference (the policy when RL starts); None when kl_coef == 0
+    explore: dict = _arrays(default_factory=dict)
+    stage: str = "start"  # start -> sft -> rl (rl: SFT and the step-0 evaluation are behind us)
+    step: int = 0  # RL steps done
+    sft_step: int = 0
+    seed: int = 0  # the key root: every random key is fold_in(key(seed), phase, step)
+    data: dict | None = None  # the prompt iterator's state
+    metrics_rows: int = 0  # rows of metrics.jsonl written up to this state
+
+    @staticmethod
+    def array_fields() -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(TrainState) if f.metadata.get("arrays"))
+
+    def root(self) -> jax.Array:
+        return jax.random.key(self.seed)
+
+    def split(self) -> tuple[dict, dict]:
+        """(arrays, registry): the array fields that hold something, and the plain fields."""
+        arrays, registry = {}, {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if not f.metadata.get("arrays"):
+                registry[f.name] = value
+            elif value is not None and jax.tree.leaves(value):
+                arrays[f.name] = value
+        return arrays, registry
+
+    def joined(self, arrays: dict, registry: dict) -> "TrainState":
+        """This state with the saved fields put back (array fields not saved become None / empty)."""
+        kw = {f.name: registry[f.name] for f in dataclasses.fields(self) if not f.metadata.get("arrays")
+              and f.name in registry}
+        for name in self.array_fields():
+            kw[name] = arrays.get(name, {} if name == "explore" else None)
+        return dataclasses.replace(self, **kw)

@@ -1,0 +1,306 @@
+"""tools/ablate.py: spec checks, aggregation against hand-computed values, skip / resume logic, signal
+forwarding, and one real 2-arm grid through the trainer subprocess."""
+
+import csv
+import importlib.util
+import io
+import json
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("ablate", ROOT / "tools" / "ablate.py")
+ablate = importlib.util.module_from_spec(_spec)
+sys.modules["ablate"] = ablate
+_spec.loader.exec_module(ablate)
+
+
+def _write_spec(tmp_path, text: str, base: str = "train: {steps: 2}\n") -> Path:
+    (tmp_path / "base.yaml").write_text(base)
+    path = tmp_path / "spec.yaml"
+    path.write_text(text.replace("BASE", str(tmp_path / "base.yaml")).replace("OUT", str(tmp_path / "out")))
+    return path
+
+
+def _write_run(run_dir: Path, steps: int, evals: list[tuple[int, dict]], train: list[dict], done=True, extra=()):
+    """A run folder as the trainer and harness leave it: config.yaml, metrics.jsonl, ablation_done.json."""
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"train": {"steps": steps}}))
+    rows = [{"step": 0, "kind": "eval_before_sft", "greedy_accuracy": 0.99}, {"step": 3, "kind": "sft", "nll": 1.0}]
+    rows += [{"step": s, "kind": "eval", **m} for s, m in evals[:1]]
+    rows += [{"step": i + 1, "kind": "train", "reward_mean": 0.1 * i, **t} for i, t in enumerate(train)]
+    rows += [{"step": s, "kind": "eval", **m} for s, m in evals[1:]] + list(extra)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if done:
+        (run_dir / ablate.DONE).write_text("{}\n")
+
+
+def _eval(greedy, sampled, never, ks, time_eval=0.25):
+    return {"greedy_accuracy": greedy, "sampled_accuracy": sampled, "never_solved_share": never,
+            "time_eval_s": time_eval, **{f"pass@{k}": v for k, v in ks.items()}}
+
+
+SPEC = ("base: BASE\noverrides: [eval.samples=8]\nseeds: [0, 1, 2]\nout_dir: OUT\n"
+        "arms:\n  a: []\n  b: [rollout.temperature=0.5]\n")
+
+
+@pytest.fixture
+def grid(tmp_path):
+    """Arm a: three finished seeds with eval.samples=8; arm b: two finished (pass@1, pass@2 only; one
+    train row without sampled_tokens), seed 2 started but unfinished."""
+    spec = ablate.load_spec(_write_spec(tmp_path, SPEC))
+    train = [{"sampled_tokens": 10, "time_step_s": 1.0}, {"sampled_tokens": 20, "time_step_s": 2.0},
+             {"sampled_tokens": 30, "time_step_s": 0.5}]
+    for seed, (g0, g, p8) in enumerate([(0.1, 0.5, 0.9), (0.2, 0.6, 0.8), (0.3, 0.7, 1.0)]):
+        ks = {1: g / 2, 2: g / 2 + 0.1, 4: g / 2 + 0.2, 8: p8}
+        stale = (3, _eval(0.0, 0.0, 1.0, ks))  # an earlier row at the final step: the later one wins
+        _write_run(spec.run_dir("a", seed), 3, [(0, _eval(g0, g0 / 2, 0.5, {1: g0 / 2, 8: 0.4})), stale,
+                                                (3, _eval(g, g / 2, 0.1 * seed, ks))], train)
+    for seed, g in enumerate([0.2, 0.4]):
+        rows = [dict(t) for t in train]
+        if seed == 1:
+            del rows[1]["sampled_tokens"]
+        _write_run(spec.run_dir("b", seed), 3, [(0, _eval(0.0, 0.0, 1.0, {1: 0.0, 2: 0.0})),
+                                                (3, _eval(g, g, 0.5, {1: g, 2: g + 0.2}))], rows)
+    _write_run(spec.run_dir("b", 2), 3, [(0, _eval(0.0, 0.0, 1.0, {}))], train[:1], done=False)
+    return spec
+
+
+def test_run_summary_sums_tokens_and_wall_time_and_takes_the_last_row_per_step(grid):
+    run = ablate.collect(grid)[0][0]
+    s = ablate.run_summary(run.rows, run.steps)
+    # wall: three steps plus the evaluations at steps 0 and 3 (the stale step-3 row is not counted)
+    assert s["final"] == pytest.approx({"greedy_accuracy": 0.5, "sampled_accuracy": 0.25, "never_solved_share": 0.0,
+                                        "pass@1": 0.25, "pass@2": 0.35, "pass@4": 0.45, "pass@8": 0.9,
+                                        "sampled_tokens": 60.0, "wall_s": 1.0 + 2.0 + 0.5 + 0.25 + 0.25,
+                                        "rl_steps": 3.0}, abs=1e-12)
+    assert s["start"] == pytest.approx({"greedy_accuracy": 0.1, "sampled_accuracy": 0.05, "never_solved_share": 0.5,
+                                        "pass@1": 0.05, "pass@8": 0.4}, abs=1e-12)
+    assert ablate.run_summary(run.rows, 4) is None  # no eval row at train.steps: not finished
+
+
+def test_aggregate_is_mean_and_sample_std():
+    st = ablate.aggregate([0.5, 0.6, 0.7])
+    assert st.n == 3 and st.mean == pytest.approx(0.6, abs=1e-12) and st.std == pytest.approx(0.1, abs=1e-12)
+    one = ablate.aggregate([0.3])
+    assert one.mean == 0.3 and math.isnan(one.std) and one.n == 1
+    assert ablate.aggregate([]) is None
+
+
+def test_table_csv_and_markdown_against_hand_computed_values(grid):
+    runs, missing = ablate.collect(grid)
+    assert missing == [("b", 2, f"unfinished or failed (see {grid.run_dir('b', 2) / 'train.log'})")]
+    table = ablate.arm_table(grid, runs)
+    assert [(t["arm"], t["when"], t["step"], t["seeds"]) for t in table] == [
+        ("a", "start", "0", [0, 1, 2]), ("a", "final", "3", [0, 1, 2]),
+        ("b", "start", "0", [0, 1]), ("b", "final", "3", [0, 1])]
+    a_final, b_final = table[1]["stats"], table[3]["stats"]
+    assert a_final["greedy_accuracy"].mean == pytest.approx(0.6)
+    assert a_final["greedy_accuracy"].std == pytest.approx(0.1)
+    assert a_final["pass@8"].mean == pytest.approx(0.9) and a_final["pass@8"].std == pytest.approx(0.1)
+    assert a_final["sampled_tokens"].mean == 60 and a_final["sampled_tokens"].std == 0
+    assert a_final["wall_s"].mean == pytest.approx(4.0) and a_final["rl_steps"].mean == 3
+    assert b_final["greedy_accuracy"].std == pytest.approx(math.sqrt(0.02)) and "pass@4" not in b_final
+    assert b_final["sampled_tokens"].n == 1  # seed 1 lacks the field in a train row: reported as missing
+    assert table[0]["stats"]["greedy_accuracy"].mean == pytest.approx(0.2)
+
+    rows = list(csv.DictReader(io.StringIO(ablate.format_csv(table))))
+    assert [(r["arm"], r["when"], r["n_seeds"], r["seeds"]) for r in rows] == [
+        ("a", "start", "3", "0 1 2"), ("a", "final", "3", "0 1 2"),
+        ("b", "start", "2", "0 1"), ("b", "final", "2", "0 1")]
+    assert float(rows[1]["never_solved_share_mean"]) == pytest.approx(0.1)
+    assert float(rows[1]["never_solved_share_std"]) == pytest.approx(0.1)
+    assert rows[3]["pass@4_mean"] == "" and rows[3]["pass@4_n"] == "0" and rows[1]["pass@16_mean"] == ""
+
+    md = ablate.format_markdown(grid, table, runs, missing)
+    assert f"`python tools/ablate.py {grid.path}`" in md and f"base: `{grid.base}`" in md
+    assert "overrides (all arms): `eval.samples=8`" in md and "**b**: `rollout.temperature=0.5`" in md
+    header = "| arm | at step | seeds | greedy | sampled T=1 | pass@1 | pass@2 | pass@4 | pass@8 | never solved |"
+    assert header in md and "pass@16" not in md  # a column no run has is left out
+    assert ("| a | 0 | 3 | 0.200 ± 0.100 | 0.100 ± 0.050 | 0.100 ± 0.050 |  |  | 0.400 ± 0.000 | "
+            "0.500 ± 0.000 |  |  |  |") in md
+    assert ("| a | 3 | 3 | 0.600 ± 0.100 | 0.300 ± 0.050 | 0.300 ± 0.050 | 0.400 ± 0.050 | 0.500 ± 0.050 | "
+            "0.900 ± 0.100 | 0.100 ± 0.100 | 60 ± 0 | 4.0 ± 0.0 | 3 |") in md
+    assert ("| b | 3 | 2 | 0.300 ± 0.141 | 0.300 ± 0.141 | 0.300 ± 0.141 | 0.500 ± 0.141 |  |  | 0.500 ± 0.000 | "
+            "60 (n=1) | 4.0 ± 0.0 | 3 |") in md
+    assert "- b seed 2: unfinished or failed" in md and "1 of 6 runs not in the table" in md
+    assert "without `sampled_tokens`) in some runs of: b." in md
+
+
+def test_report_files_and_curves(grid):
+    written = ablate.write_report(grid)
+    assert [p.name for p in written] == ["results.md", "results.csv", "curves.png"]
+    assert (grid.out_dir / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    runs = [r for r in ablate.collect(grid)[0] if r.arm == "a"]
+    steps, mean, lo, hi = ablate.arm_curve(runs, "eval", "greedy_accuracy")
+    assert steps == [0, 3] and mean == pytest.approx([0.2, 0.6]) and lo == [0.1, 0.5] and hi == [0.3, 0.7]
+    steps, mean, _, _ = ablate.arm_curve(runs, "train", "reward_mean", window=2)
+    assert steps == [1, 2, 3] and mean == pytest.approx([0.0, 0.05, 0.15])
+
+
+@pytest.mark.parametrize("text,error", [
+    ("base: BASE\nseed: [0]\nout_dir: OUT\narms: {a: []}\n", r"spec.yaml: unknown key 'seed'; did you mean 'seeds'"),
+    ("seeds: [0]\nout_dir: OUT\narms: {a: []}\n", r"spec.yaml: missing 'base'"),
+    ("base: nowhere.yaml\nseeds: [0]\nout_dir: OUT\narms: {a: []}\n", r"'base' is 'nowhere.yaml': no such file"),
+    ("base: BASE\nseeds: [0]\nout_dir: OUT\narms: {}\n", r"spec.yaml: 'arms' is empty"),
+    ("base: BASE\nseeds: [0, 1, 0]\nout_dir: OUT\narms: {a: []}\n", r"spec.yaml: 'seeds' lists 0 2 times"),
+    ("base: BASE\nseeds: [0]\nout_dir: OUT\narms: {a: [rollout.temperature]}\n",
+     r"'arms.a' item 1 \('rollout.temperature'\) is not of the form a.b=value"),
+    ("base: BASE\noverrides: [train.seed=3]\nseeds: [0]\nout_dir: OUT\narms: {a: []}\n",
+     r"'overrides' sets train.seed, which the harness sets"),
+    ("base: BASE\nseeds: [0]\nout_dir: OUT\narms: {a/b: []}\n", r"'arms.a/b': an arm name is a folder name"),
+])
+def test_spec_errors_name_the_file_and_key(tmp_path, text, error):
+    with pytest.raises(ablate.SpecError, match=error):
+        ablate.load_spec(_write_spec(tmp_path, text))
+
+
+def test_arm_config_errors_name_the_arm_and_key(tmp_path, capsys):
+    path = _write_spec(tmp_path, "base: BASE\nseeds: [0]\nout_dir: OUT\narms: {a: [], b: [rollout.temprature=1.0]}\n")
+    with pytest.raises(ablate.SpecError, match=r"arm 'b': .*unknown key 'rollout.temprature'"):
+        ablate.check_configs(ablate.load_spec(path), ["a", "b"])
+    assert ablate.main([str(path), "--dry-run"]) == 2 and "unknown key 'rollout.temprature'" in capsys.readouterr().err
+    assert ablate.main([str(path), "--arms", "a,c"]) == 2 and "['c'] not in the spec's arms" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs" / "ablate").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_spec_loads(path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    spec = ablate.load_spec(path.relative_to(ROOT))
+    ablate.check_configs(spec, spec.arms)
+
+
+class _FakeTrainer:
+    """Stands in for the trainer subprocess: writes what a run that reached `reach` steps leaves."""
+
+    def __init__(self, run_dir: Path, steps: int, reach: int, rc: int):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump({"train": {"steps": steps}}))
+        rows = [{"step": s, "kind": "eval", "greedy_accuracy": 0.5, "sampled_accuracy": 0.5,
+                 "never_solved_share": 0.5} for s in (0, reach)]
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (run_dir / "train.log").write_text("boom: something broke\n")
+        self.rc = rc
+
+    def poll(self):
+        return self.rc
+
+
+def test_finished_runs_are_skipped_and_failures_reported(tmp_path, monkeypatch, capsys):
+    path = _write_spec(tmp_path, "base: BASE\nseeds: [0, 1]\nout_dir: OUT\narms: {a: [], b: []}\n")
+    spec = ablate.load_spec(path)
+    _write_run(spec.run_dir("a", 0), 2, [(0, _eval(0, 0, 1, {})), (2, _eval(1, 1, 0, {}))], [{}, {}])
+
+    assert ablate.main([str(path), "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"# done: a seed 0 ({spec.run_dir('a', 0) / 'ablation_done.json'})"
+    assert [ln.split("train.out_dir=")[1].split()[0] for ln in lines[1:]] == [
+        str(spec.run_dir(a, s)) for a, s in (("b", 0), ("a", 1), ("b", 1))]
+    assert lines[1].startswith("HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 ")
+    assert not spec.run_dir("b", 0).exists()  # a dry run creates nothing
+
+    launched = []
+    outcome = {("b", 0): (2, 0), ("a", 1): (1, 0), ("b", 1): (2, 3)}  # (steps reached, exit code)
+
+    def fake_launch(spec, arm, seed):
+        launched.append((arm, seed))
+        reach, rc = outcome[arm, seed]
+        return _FakeTrainer(spec.run_dir(arm, seed), 2, reach, rc)
+
+    monkeypatch.setattr(ablate, "_launch", fake_launch)
+    assert ablate.main([str(path)]) == 1
+    err = capsys.readouterr().err
+    assert launched == [("b", 0), ("a", 1), ("b", 1)]
+    assert "FAILED: arm a, seed 1: no eval row at step 2 (last eval step: 1)" in err
+    assert "FAILED: arm b, seed 1: exit code 3" in err and "boom: something broke" in err
+    assert (spec.run_dir("b", 0) / "ablation_done.json").is_file()
+    assert not (spec.run_dir("a", 1) / "ablation_done.json").exists()
+    md = (spec.out_dir / "results.md").read_text()
+    assert "- a seed 1: unfinished or failed" in md and "- b seed 1: unfinished or failed" in md
+    (spec.run_dir("a", 1) / "ablation_done.json").write_text("{}\n")  # a marker alone does not make it count
+    assert ("a", 1, "marked done, but no eval row at step 2 (last eval step: 1)") in ablate.collect(spec)[1]
+    (spec.run_dir("a", 1) / "ablation_done.json").unlink()
+
+    launched.clear()
+    outcome.update({("a", 1): (2, 0), ("b", 1): (2, 0)})
+    assert ablate.main([str(path), "--seeds", "1"]) == 0
+    assert launched == [("a", 1), ("b", 1)]
+    assert "Missing" not in (spec.out_dir / "results.md").read_text()
+
+
+def test_a_signal_is_forwarded_to_the_trainer_and_stops_the_grid(tmp_path, monkeypatch):
+    path = _write_spec(tmp_path, "base: BASE\nseeds: [0]\nout_dir: OUT\narms: {a: [], b: []}\n")
+    spec = ablate.load_spec(path)
+    ready, got = tmp_path / "ready", tmp_path / "got"
+    child = ("import pathlib, signal, sys, time\n"
+             f"signal.signal(signal.SIGTERM, lambda *a: (pathlib.Path({str(got)!r}).write_text('term'), sys.exit(0)))\n"
+             f"pathlib.Path({str(ready)!r}).write_text('')\ntime.sleep(60)\n")
+    monkeypatch.setattr(ablate.Spec, "command", lambda self, arm, seed: [sys.executable, "-c", child])
+
+    def kill_when_ready():
+        while not ready.exists():
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=kill_when_ready, daemon=True).start()
+    t0 = time.monotonic()
+    failed, stopped = ablate.run_grid(spec, [("a", 0), ("b", 0)])
+    assert stopped == signal.SIGTERM and failed == [] and time.monotonic() - t0 < 30
+    assert got.read_text() == "term" and not spec.run_dir("b", 0).exists()  # b never started
+    assert not (spec.run_dir("a", 0) / "ablation_done.json").exists()
+
+
+def _tiny_base(tmp_path) -> Path:
+    rows = [{"question": f"Question {i}: what is the magic word?", "answer": "7", "scorer": "exact"} for i in range(40)]
+    (tmp_path / "magic.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "held.jsonl").write_text("".join(
+        json.dumps({**r, "question": r["question"].replace("Question", "Held")}) + "\n" for r in rows[:8]))
+    cfg = {"model": {"name": "scratch", "scratch": {"hidden_size": 32, "intermediate_size": 64, "num_layers": 1,
+                                                     "num_heads": 2, "num_kv_heads": 1, "head_dim": 16,
+                                                     "max_position_embeddings": 96, "tie_embeddings": True}},
+           "data": {"source": "jsonl", "path": str(tmp_path / "magic.jsonl"), "eval_path": str(tmp_path / "held.jsonl"),
+                    "answer_format": "raw", "max_prompt_len": 64},
+           "rollout": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 1},
+           "algo": {"micro_batch": 16}, "optim": {"lr": 0.02},
+           "eval": {"every": 2, "size": 8, "samples": 2}, "reward": {"workers": 1},
+           "train": {"steps": 2, "checkpoint_every": 2, "async_checkpoint": False, "tensorboard": False,
+                     "export_final": False}}
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.mark.slow
+def test_end_to_end_two_arms_through_the_real_trainer(tmp_path, monkeypatch, capsys):
+    """Two arms x one seed, 2 RL steps each of a 1-layer scratch model (~15 s a run on 2 cores)."""
+    monkeypatch.delenv("XLA_FLAGS", raising=False)  # one CPU device: the fastest tiny run
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(ROOT / ".cache" / "jax"))
+    monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+    base = _tiny_base(tmp_path)
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump({"base": str(base), "overrides": ["train.steps=2"], "seeds": [0],
+                                         "out_dir": str(tmp_path / "out"),
+                                         "arms": {"cool": ["rollout.temperature=0.7"],
+                                                  "hot": ["rollout.temperature=1.0"]}}))
+    assert ablate.main([str(spec_path)]) == 0, capsys.readouterr().err
+    out = tmp_path / "out"
+    for arm in ("cool", "hot"):
+        assert (out / arm / "seed0" / "ablation_done.json").is_file()
+        assert "train.seed=0" in (out / arm / "seed0" / "train.log").read_text()
+    md = (out / "results.md").read_text()
+    assert "| cool | 2 | 1 |" in md and "| hot | 2 | 1 |" in md and "| cool | 0 | 1 |" in md and "Missing" not in md
+    rows = list(csv.DictReader(io.StringIO((out / "results.csv").read_text())))
+    assert {(r["arm"], r["when"]) for r in rows} == {(a, w) for a in ("cool", "hot") for w in ("start", "final")}
+    assert all(float(r["rl_steps_mean"]) == 2 for r in rows if r["when"] == "final")
+    assert (out / "curves.png").stat().st_size > 1000
+    capsys.readouterr()
+    assert ablate.main([str(spec_path), "--dry-run"]) == 0
+    assert capsys.readouterr().out.count("# done:") == 2

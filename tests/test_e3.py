@@ -1,0 +1,83 @@
+"""E3 in the trainer: budgets and temperatures change every step while nothing compiles after
+warm-up, the controller follows its formula step by step, and a resumed run equals an
+uninterrupted one (tracker, ranks, bounds and temperature restored exactly)."""
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+from flax import nnx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_trainer import _sigterm_after_row, _tiny_cfg, _train_rows  # noqa: E402
+
+from jaxrl_llm.explore.temperature import entropy_constant  # noqa: E402
+from jaxrl_llm.train.loop import Run  # noqa: E402
+
+
+def _e3_cfg(tmp_path, *extra):
+    """8 prompts with a data-set difficulty, 4 a step: an epoch is 2 steps, so the bounds widen to
+    (4, 12) by step 4 and the allocation follows the seeded ranks from then on."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    data = tmp_path / "ranked.jsonl"
+    data.write_text("".join(json.dumps({"question": f"Question {i}: what is the magic word?", "answer": "7",
+                                        "scorer": "exact", "difficulty": i / 7}) + "\n" for i in range(8)))
+    return _tiny_cfg(tmp_path, f"data.path={data}", "rollout.group_size=8", "rollout.max_new_tokens=2",
+                     "algo.micro_batch=8", "explore.e3.enabled=true", "explore.e3.rank_every=100", *extra)
+
+
+def test_e3_changes_budgets_and_temperature_without_recompiling(tmp_path):
+    cfg = _e3_cfg(tmp_path, "train.steps=9", "train.checkpoint_every=100", "eval.every=100")
+    run = Run(cfg, log=lambda *a: None)
+    run.train()
+    rows = _train_rows(cfg.train.out_dir)
+    hist = [np.asarray(rows[s]["e3_group_size_hist"]) for s in sorted(rows)]
+    assert all((h * np.arange(len(h))).sum() == 32 for h in hist)  # N = 4 x 8 rows every step
+    assert all(h[8] == 4 for h in hist[:2]) and all(h[8] < 4 for h in hist[4:]), hist  # bounds (8, 8) in epoch 1
+    assert [rows[s]["e3_n_min"] for s in (1, 3, 5, 9)] == [8, 6, 4, 4]
+    assert [rows[s]["e3_n_max"] for s in (1, 3, 5, 9)] == [8, 10, 12, 12]
+    temps = [rows[s]["temperature"] for s in sorted(rows)]
+    assert len(set(np.round(temps, 6))) > 3, temps  # the controller moved T
+    raw = [json.loads(ln) for ln in (Path(cfg.train.out_dir) / "metrics.jsonl").read_text().splitlines()]
+    counts = [r["compilations"] for r in raw if r["kind"] == "train"]
+    assert counts[2:] == [counts[2]] * (len(counts) - 2), counts
+
+    # the controller, recomputed from the logged entropy and target: T' = T (1 + T ln(H*/H) / k), clamped
+    k = float(entropy_constant(run.policy.model_cfg.vocab_size))
+    e3 = cfg.explore.e3
+    for s in sorted(rows)[:-1]:
+        r = rows[s]
+        t, h, target = r["temperature"], r["e3_entropy"], r["e3_target_entropy"]
+        want = min(max(t * (1 + t * math.log(target / h) / k), e3.t_min), e3.t_max)
+        assert rows[s + 1]["temperature"] == np.float32(want) or abs(rows[s + 1]["temperature"] - want) < 1e-5 * want
+        assert r["e3_temperature"] == rows[s + 1]["temperature"]
+    assert rows[1]["e3_target_entropy"] == rows[1]["e3_entropy"]  # H* is the entropy of step 1
+
+
+def test_e3_resume_equals_an_uninterrupted_run(tmp_path):
+    """Stopped by SIGTERM after step 3 of 7 (tracker, ranks, bounds, T and the annealed target all in
+    play) and resumed, the run equals the uninterrupted one: every metric, E3 state and parameter."""
+    extra = ("train.steps=7", "train.checkpoint_every=100", "eval.every=100")
+    whole = _e3_cfg(tmp_path / "a", *extra)
+    run = Run(whole, log=lambda *a: None)
+    run.train()
+    stopped = _e3_cfg(tmp_path / "b", *extra)
+    _sigterm_after_row(tmp_path, stopped, '"step": 3, "kind": "train"')
+    logs = []
+    resumed = Run(stopped, log=logs.append)
+    resumed.train()
+    where = [ln for ln in logs if ln.startswith("resumed from")]
+    assert where and int(where[0].split("RL step ")[1].rstrip(")")) < 7, logs
+    timing = ("time", "_per_s", "compilations")
+    a, b = _train_rows(whole.train.out_dir), _train_rows(stopped.train.out_dir)
+    assert sorted(a) == sorted(b) == list(range(1, 8))
+    for s in a:
+        assert {k: v for k, v in a[s].items() if not any(t in k for t in timing)} == \
+            {k: v for k, v in b[s].items() if not any(t in k for t in timing)}, s
+    same = lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y))  # noqa: E731
+    jax.tree.map(same, jax.device_get(run.state.explore), jax.device_get(resumed.state.explore))
+    jax.tree.map(same, jax.device_get(nnx.to_pure_dict(run.state.params)),
+                 jax.device_get(nnx.to_pure_dict(resumed.state.params)))

@@ -1,0 +1,542 @@
+"""Ablation harness: train every arm of a spec on the same seeds, one run per (arm, seed), then report
+each arm's held-out results (mean, sample std and n over seeds), its sampled-token budget and wall
+time, and curves. An exploration method is credited only by such a table (ALGORITHMS.md section 5).
+
+    .venv/bin/python tools/ablate.py configs/ablate/example.yaml               # run what is unfinished, report
+    .venv/bin/python tools/ablate.py configs/ablate/example.yaml --dry-run     # print the commands only
+    .venv/bin/python tools/ablate.py configs/ablate/example.yaml --report-only # table from the finished runs
+
+A spec (YAML; relative paths are taken from the working directory, like the trainer's):
+
+    base: configs/toy.yaml                       # the run config every arm starts from
+    overrides: [train.steps=100, eval.every=25]  # common to all arms
+    seeds: [0, 1, 2]                             # train.seed of each run, the same for every arm
+    out_dir: runs/ablate/example                 # runs go to <out_dir>/<arm>/seed<S>
+    arms:
+      grpo: []
+      hot: [rollout.temperature=1.2]
+
+Each run is `python -m jaxrl_llm.cli train --config base *overrides *arm train.seed=S train.out_dir=...`
+in a subprocess (output appended to <run_dir>/train.log); rerunning the harness resumes unfinished
+runs from their checkpoints and skips finished ones (those with ablation_done.json). Ctrl-C / SIGTERM
+is forwarded to the running trainer, which checkpoints and exits; then the harness stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import difflib
+import io
+import json
+import math
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+SPEC_KEYS = ("base", "overrides", "seeds", "out_dir", "arms")
+HARNESS_KEYS = ("train.seed", "train.out_dir")  # set per run by the harness, never by a spec
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+DONE, LOG = "ablation_done.json", "train.log"
+EVAL_KS = (1, 2, 4, 8, 16)
+EVAL_COLUMNS = (("greedy_accuracy", "greedy"), ("sampled_accuracy", "sampled T=1"),
+                *((f"pass@{k}", f"pass@{k}") for k in EVAL_KS), ("never_solved_share", "never solved"))
+BUDGET_COLUMNS = (("sampled_tokens", "sampled tokens"), ("wall_s", "wall s"), ("rl_steps", "RL steps"))
+COLUMNS = EVAL_COLUMNS + BUDGET_COLUMNS
+ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class SpecError(ValueError):
+    pass
+
+
+# -- the spec -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Spec:
+    path: Path
+    base: str
+    overrides: tuple[str, ...]
+    seeds: tuple[int, ...]
+    out_dir: Path
+    arms: dict[str, tuple[str, ...]]
+
+    def run_dir(self, arm: str, seed: int) -> Path:
+        return self.out_dir / arm / f"seed{seed}"
+
+    def run_overrides(self, arm: str, seed: int) -> list[str]:
+        return [*self.overrides, *self.arms[arm], f"train.seed={seed}", f"train.out_dir={self.run_dir(arm, seed)}"]
+
+    def command(self, arm: str, seed: int) -> list[str]:
+        return [sys.executable, "-m", "jaxrl_llm.cli", "train", "--config", self.base, *self.run_overrides(arm, seed)]
+
+
+def _override_list(value, key: str, fail) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        fail(f"'{key}' must be a list of a.b=value overrides, got {value!r}")
+    for i, item in enumerate(value):
+        if not isinstance(item, str) or "=" not in item or not item.split("=", 1)[0].strip():
+            fail(f"'{key}' item {i + 1} ({item!r}) is not of the form a.b=value")
+        name = item.split("=", 1)[0].strip()
+        if name in HARNESS_KEYS:
+            fail(f"'{key}' sets {name}, which the harness sets for each run (from 'seeds' and 'out_dir')")
+    return tuple(value)
+
+
+def load_spec(path: str | Path) -> Spec:
+    """Read and check a spec; every error names the spec file and the key at fault."""
+    path = Path(path)
+
+    def fail(msg):
+        raise SpecError(f"{path}: {msg}")
+
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        fail("no such spec file")
+    except yaml.YAMLError as e:
+        fail(f"invalid YAML: {e}")
+    if not isinstance(raw, dict):
+        fail(f"a spec is a mapping with keys {', '.join(SPEC_KEYS)}; got {type(raw).__name__}")
+    for key in raw:
+        if key not in SPEC_KEYS:
+            close = difflib.get_close_matches(str(key), SPEC_KEYS, n=2, cutoff=0.5)
+            fail(f"unknown key '{key}'; " + (f"did you mean {' or '.join(map(repr, close))}?" if close
+                                               else f"known keys: {', '.join(SPEC_KEYS)}"))
+    for key in ("base", "seeds", "out_dir", "arms"):
+        if key not in raw or raw[key] is None:
+            fail(f"missing '{key}'")
+    base, out_dir, seeds, arms = raw["base"], raw["out_dir"], raw["seeds"], raw["arms"]
+    if not isinstance(base, str) or not base:
+        fail(f"'base' must be the path of a run config, got {base!r}")
+    if not Path(base).is_file():
+        fail(f"'base' is {base!r}: no such file (relative paths are from the working directory {Path.cwd()})")
+    if not isinstance(out_dir, str) or not out_dir:
+        fail(f"'out_dir' must be a folder path, got {out_dir!r}")
+    if not isinstance(seeds, list) or not seeds:
+        fail(f"'seeds' must be a non-empty list of integers, got {seeds!r}")
+    for s in seeds:
+        if not isinstance(s, int) or isinstance(s, bool):
+            fail(f"'seeds' must hold integers, got {s!r}")
+        if seeds.count(s) > 1:
+            fail(f"'seeds' lists {s} {seeds.count(s)} times; each seed is one run per arm")
+    if not isinstance(arms, dict):
+        fail(f"'arms' must map arm names to override lists, got {arms!r}")
+    if not arms:
+        fail("'arms' is empty; give at least one, e.g. `grpo: []`")
+    checked = {}
+    for name, value in arms.items():
+        if not isinstance(name, str) or not ARM_NAME.match(name):
+            fail(f"'arms.{name}': an arm name is a folder name (letters, digits, _ . -)")
+        checked[name] = _override_list(value, f"arms.{name}", fail)
+    return Spec(path, base, _override_list(raw.get("overrides"), "overrides", fail), tuple(seeds), Path(out_dir),
+                checked)
+
+
+def check_configs(spec: Spec, arms) -> None:
+    """Load each arm's run config as the trainer will, so a typo fails now rather than mid-grid."""
+    from jaxrl_llm.config import ConfigError, load_config
+
+    for arm in arms:
+        try:
+            load_config(spec.base, spec.run_overrides(arm, spec.seeds[0]))
+        except ConfigError as e:
+            raise SpecError(f"{spec.path}: arm '{arm}': {e}") from None
+
+
+# -- reading runs (pure) ---------------------------------------------------------------------------
+def load_rows(path: Path) -> list[dict]:
+    rows = []
+    for i, line in enumerate(Path(path).read_text().splitlines()):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: line {i + 1} is not JSON ({e})") from None
+    return rows
+
+
+def by_step(rows: list[dict], kind: str) -> dict[int, dict]:
+    """Rows of one kind keyed by step, in step order; of two rows at one step the later wins."""
+    found = {}
+    for r in rows:
+        if r.get("kind") == kind:
+            found[r["step"]] = r
+    return dict(sorted(found.items()))
+
+
+def run_steps(run_dir: Path) -> int:
+    """train.steps as the trainer ran it (its config.yaml in the run folder)."""
+    return int(yaml.safe_load((Path(run_dir) / "config.yaml").read_text())["train"]["steps"])
+
+
+def final_eval_problem(run_dir: Path) -> str | None:
+    """Why a run that exited is not finished (no eval row at train.steps), or None when it is."""
+    if not (run_dir / "config.yaml").is_file() or not (run_dir / "metrics.jsonl").is_file():
+        return "no config.yaml / metrics.jsonl in the run folder"
+    steps = run_steps(run_dir)
+    evals = by_step(load_rows(run_dir / "metrics.jsonl"), "eval")
+    if steps not in evals:
+        return f"no eval row at step {steps} (last eval step: {max(evals, default='none')})"
+    return None
+
+
+def run_summary(rows: list[dict], steps: int) -> dict | None:
+    """A run's step-0 and final evaluation metrics and its budget; None without an eval row at `steps`.
+    Tokens are the rollouts' (train rows' `sampled_tokens`); None when any train row lacks them.
+    Wall time is the RL steps' time plus the evaluations' (SFT and start-up are not counted)."""
+    evals, train = by_step(rows, "eval"), by_step(rows, "train")
+    if steps not in evals:
+        return None
+    tokens = [r.get("sampled_tokens") for r in train.values()]
+    step_times = [r.get("time_step_s") for r in train.values()]
+    budget = {"sampled_tokens": None if None in tokens else float(sum(tokens)),
+              "wall_s": None if None in step_times else
+              float(sum(step_times) + sum(r.get("time_eval_s", 0.0) for r in evals.values())),
+              "rl_steps": float(len(train))}
+
+    def eval_metrics(row):
+        return {k: float(row[k]) for k, _ in EVAL_COLUMNS if k in row}
+
+    return {"start": eval_metrics(evals.get(0, {})), "final": {**eval_metrics(evals[steps]), **budget}}
+
+
+@dataclass(frozen=True)
+class Stat:
+    mean: float
+    std: float  # sample standard deviation (ddof 1); nan for one value
+    n: int
+
+
+def aggregate(values: list[float]) -> Stat | None:
+    if not values:
+        return None
+    n = len(values)
+    mean = sum(values) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else math.nan
+    return Stat(mean, std, n)
+
+
+def aggregate_arm(summaries: list[dict]) -> dict[str, Stat]:
+    """Mean, spread and n of each metric over the runs (seeds) that have it."""
+    keys = [k for k, _ in COLUMNS]
+    stats = {k: aggregate([s[k] for s in summaries if s.get(k) is not None]) for k in keys}
+    return {k: v for k, v in stats.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class RunData:
+    arm: str
+    seed: int
+    steps: int
+    rows: list
+
+
+def collect(spec: Spec) -> tuple[list[RunData], list[tuple[str, int, str]]]:
+    """Finished runs (with their metrics rows) and the (arm, seed, why) of every one that is not."""
+    runs, missing = [], []
+    for arm in spec.arms:
+        for seed in spec.seeds:
+            d = spec.run_dir(arm, seed)
+            if not (d / DONE).is_file():
+                why = f"unfinished or failed (see {d / LOG})" if d.exists() else "not started"
+                missing.append((arm, seed, why))
+                continue
+            why = final_eval_problem(d)
+            if why is not None:
+                missing.append((arm, seed, f"marked done, but {why}"))
+                continue
+            runs.append(RunData(arm, seed, run_steps(d), load_rows(d / "metrics.jsonl")))
+    return runs, missing
+
+
+def arm_table(spec: Spec, runs: list[RunData]) -> list[dict]:
+    """Two lines per arm with finished runs: the step-0 evaluation ("start") and the final one."""
+    table = []
+    for arm in spec.arms:
+        mine = [(r, run_summary(r.rows, r.steps)) for r in runs if r.arm == arm]
+        if not mine:
+            continue
+        seeds = [r.seed for r, _ in mine]
+        steps = sorted({r.steps for r, _ in mine})
+        for when in ("start", "final"):
+            table.append({"arm": arm, "when": when, "step": "0" if when == "start" else "/".join(map(str, steps)),
+                          "seeds": seeds, "stats": aggregate_arm([s[when] for _, s in mine])})
+    return table
+
+
+# -- formatting (pure) -----------------------------------------------------------------------------
+def _cell(key: str, stat: Stat | None, n_arm: int) -> str:
+    if stat is None:
+        return ""
+    fmt = {"sampled_tokens": "{:,.0f}", "wall_s": "{:.1f}", "rl_steps": "{:.0f}"}.get(key, "{:.3f}")
+    text = fmt.format(stat.mean)
+    if stat.n > 1 and key != "rl_steps":
+        text += " ± " + fmt.format(stat.std)
+    return text + (f" (n={stat.n})" if stat.n != n_arm else "")
+
+
+def format_markdown(spec: Spec, table: list[dict], runs: list[RunData], missing: list) -> str:
+    shown = [(k, label) for k, label in COLUMNS
+             if not k.startswith("pass@") or any(k in line["stats"] for line in table)]
+    out = [f"# Ablation: {spec.path}", "",
+           f"Produced by `python tools/ablate.py {spec.path}` (rerun it to resume, `--report-only` to redo this).", "",
+           f"- base: `{spec.base}`",
+           f"- overrides (all arms): `{' '.join(spec.overrides) or '(none)'}`",
+           f"- seeds (train.seed): {', '.join(map(str, spec.seeds))}",
+           f"- runs: `{spec.out_dir}/<arm>/seed<S>`",
+           "- arms:", *[f"  - **{arm}**: `{' '.join(ov) or '(base + overrides only)'}`"
+                        for arm, ov in spec.arms.items()],
+           "", "Held-out evaluation at step 0 (the starting policy) and at the last RL step: mean ± sample std "
+           "over seeds. Sampled tokens are the rollouts' (the budget); wall s = RL step time + evaluation time.",
+           ""]
+    if table:
+        out += ["| arm | at step | seeds | " + " | ".join(label for _, label in shown) + " |",
+                "|" + "---|" * (3 + len(shown))]
+    else:
+        out.append("No run has finished yet.")
+    for line in table:
+        n = len(line["seeds"])
+        cells = [_cell(k, line["stats"].get(k), n) for k, _ in shown]
+        out.append(f"| {line['arm']} | {line['step']} | {n} | " + " | ".join(cells) + " |")
+    finals = [line for line in table if line["when"] == "final"]
+    budgets = {line["arm"]: line["stats"]["sampled_tokens"].mean for line in finals
+               if "sampled_tokens" in line["stats"] and line["stats"]["sampled_tokens"].n == len(line["seeds"])}
+    lacking = [line["arm"] for line in finals if line["arm"] not in budgets]
+    if lacking:
+        out += ["", "Budget: sampled tokens not recorded (a train row without `sampled_tokens`) in some runs of: "
+                + ", ".join(lacking) + "."]
+    elif budgets:
+        low, high = min(budgets.values()), max(budgets.values())
+        out += ["", f"Budget: mean sampled tokens per run range {low:,.0f} .. {high:,.0f} over arms"
+                + (f" (max/min {high / low:.3f})." if low > 0 else ".")]
+    if runs:
+        out += ["", "## Per run (final evaluation)", "", "| arm | seed | greedy | sampled T=1 | never solved | "
+                "sampled tokens | wall s |", "|---|---|---|---|---|---|---|"]
+        for r in runs:
+            f = {k: Stat(v, math.nan, 1) for k, v in run_summary(r.rows, r.steps)["final"].items() if v is not None}
+            out.append(f"| {r.arm} | {r.seed} | " + " | ".join(
+                _cell(k, f.get(k), 1) for k in ("greedy_accuracy", "sampled_accuracy", "never_solved_share",
+                                                "sampled_tokens", "wall_s")) + " |")
+    if missing:
+        out += ["", f"## Missing: {len(missing)} of {len(spec.arms) * len(spec.seeds)} runs not in the table", ""]
+        out += [f"- {arm} seed {seed}: {why}" for arm, seed, why in missing]
+    return "\n".join(out) + "\n"
+
+
+def format_csv(table: list[dict]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["arm", "when", "step", "n_seeds", "seeds",
+                *[f"{k}_{p}" for k, _ in COLUMNS for p in ("mean", "std", "n")]])
+    for line in table:
+        cells = []
+        for k, _ in COLUMNS:
+            st = line["stats"].get(k)
+            cells += ["", "", 0] if st is None else [repr(st.mean), "" if math.isnan(st.std) else repr(st.std), st.n]
+        w.writerow([line["arm"], line["when"], line["step"], len(line["seeds"]), " ".join(map(str, line["seeds"])),
+                    *cells])
+    return buf.getvalue()
+
+
+# -- curves ----------------------------------------------------------------------------------------
+def trailing_mean(values: list[float], window: int) -> list[float]:
+    return [sum(values[max(0, i - window + 1):i + 1]) / (i + 1 - max(0, i - window + 1)) for i in range(len(values))]
+
+
+def arm_curve(runs: list[RunData], kind: str, key: str, window: int = 1):
+    """(steps, mean, min, max) over runs of `key` in rows of `kind`, each run smoothed first."""
+    per_step: dict[int, list[float]] = {}
+    for r in runs:
+        pts = [(s, row[key]) for s, row in by_step(r.rows, kind).items() if key in row]
+        for (s, _), v in zip(pts, trailing_mean([v for _, v in pts], window)):
+            per_step.setdefault(s, []).append(v)
+    steps = sorted(per_step)
+    return (steps, [sum(per_step[s]) / len(per_step[s]) for s in steps],
+            [min(per_step[s]) for s in steps], [max(per_step[s]) for s in steps])
+
+
+def plot_curves(spec: Spec, runs: list[RunData], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ks = [k for k in EVAL_KS if any(f"pass@{k}" in row for r in runs for row in by_step(r.rows, "eval").values())]
+    top = f"pass@{8 if 8 in ks else ks[-1]}" if ks else "sampled_accuracy"
+    longest = max((len(by_step(r.rows, "train")) for r in runs), default=0)
+    window = max(1, min(10, longest // 10))
+    panels = (("eval", "greedy_accuracy", "held-out greedy accuracy", 1),
+              ("eval", top, f"held-out {top} (T=1)", 1),
+              ("train", "reward_mean", f"training reward (trailing mean of {window})", window))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for ax, (kind, key, title, w) in zip(axes, panels):
+        for i, arm in enumerate(spec.arms):
+            mine = [r for r in runs if r.arm == arm]
+            steps, mean, lo, hi = arm_curve(mine, kind, key, w)
+            if steps:
+                ax.plot(steps, mean, color=f"C{i}", marker="o" if kind == "eval" else None, markersize=3,
+                        label=f"{arm} (n={len(mine)})")
+                ax.fill_between(steps, lo, hi, color=f"C{i}", alpha=0.2, linewidth=0)
+        ax.set_title(title)
+        ax.set_xlabel("RL step")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="best", fontsize=8)
+    fig.suptitle(f"{spec.path}: mean over seeds, band min..max")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def write_report(spec: Spec) -> list[Path]:
+    runs, missing = collect(spec)
+    table = arm_table(spec, runs)
+    spec.out_dir.mkdir(parents=True, exist_ok=True)
+    written = [spec.out_dir / "results.md", spec.out_dir / "results.csv"]
+    written[0].write_text(format_markdown(spec, table, runs, missing))
+    written[1].write_text(format_csv(table))
+    if runs:
+        plot_curves(spec, runs, spec.out_dir / "curves.png")
+        written.append(spec.out_dir / "curves.png")
+    return written
+
+
+# -- running the grid ------------------------------------------------------------------------------
+def log_tail(path: Path, lines: int = 15) -> str:
+    text = path.read_text(errors="replace") if path.is_file() else ""
+    return "\n".join("    " + ln.split("\r")[-1] for ln in text.rstrip().splitlines()[-lines:])
+
+
+def _launch(spec: Spec, arm: str, seed: int) -> subprocess.Popen:
+    run_dir = spec.run_dir(arm, seed)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cmd = spec.command(arm, seed)
+    with (run_dir / LOG).open("a") as log:
+        log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} tools/ablate.py: {shlex.join(cmd)}\n")
+        log.flush()
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**os.environ, **OFFLINE_ENV})
+
+
+def run_grid(spec: Spec, todo: list[tuple[str, int]], parallel: int = 1, already: int = 0) -> tuple[list, int | None]:
+    """Train the (arm, seed) runs of `todo`, `parallel` at a time; the progress bar also counts the
+    `already` finished runs of the grid. Returns the failures as (arm, seed, why) and the signal that
+    stopped the grid (None if it ran through)."""
+    from tqdm import tqdm
+
+    pending, running, failed = list(todo), {}, []
+    stopped: list[int] = []
+
+    def forward(signum, frame):
+        stopped.append(signum)
+        for proc in running.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)  # the trainer checkpoints after its current step and exits
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    bar = tqdm(total=len(todo) + already, initial=already, desc="ablation", unit="run")
+    try:
+        while running or (pending and not stopped):
+            while pending and not stopped and len(running) < parallel:
+                arm, seed = pending.pop(0)
+                running[arm, seed] = _launch(spec, arm, seed)
+                bar.set_description(", ".join(f"{a}/seed{s}" for a, s in running))
+            time.sleep(0.2)
+            for (arm, seed), proc in list(running.items()):
+                rc = proc.poll()
+                if rc is None:
+                    continue
+                del running[arm, seed]
+                run_dir = spec.run_dir(arm, seed)
+                why = f"exit code {rc}" if rc != 0 else final_eval_problem(run_dir)
+                if why is None:
+                    (run_dir / DONE).write_text(json.dumps(
+                        {"arm": arm, "seed": seed, "steps": run_steps(run_dir), "exit_code": rc,
+                         "command": spec.command(arm, seed), "finished": time.strftime("%Y-%m-%d %H:%M:%S")},
+                        indent=1) + "\n")
+                elif not stopped:
+                    failed.append((arm, seed, why))
+                    tqdm.write(f"FAILED: arm {arm}, seed {seed}: {why}; last lines of {run_dir / LOG}:\n"
+                               f"{log_tail(run_dir / LOG)}", file=sys.stderr)
+                if why is None or not stopped:
+                    bar.update(1)
+                    bar.set_postfix(failed=len(failed))
+    finally:
+        bar.close()
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    return failed, (stopped[0] if stopped else None)
+
+
+def _pick(text: str | None, known, what: str, parse=str) -> list:
+    if text is None:
+        return list(known)
+    picked = [parse(t.strip()) for t in text.split(",") if t.strip()]
+    unknown = [p for p in picked if p not in known]
+    if unknown or not picked:
+        raise SpecError(f"--{what} {text!r}: {unknown or 'nothing'} not in the spec's {what} "
+                        f"({', '.join(map(str, known))})")
+    return picked
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("spec", type=Path, help="ablation spec (YAML), e.g. configs/ablate/example.yaml")
+    ap.add_argument("--arms", help="comma-separated arms to run (default: all); the report covers the whole spec")
+    ap.add_argument("--seeds", help="comma-separated seeds to run (default: all in the spec)")
+    ap.add_argument("--report-only", action="store_true", help="no runs: write the report from what finished")
+    ap.add_argument("--dry-run", action="store_true", help="print the commands of the unfinished runs, run nothing")
+    ap.add_argument("--parallel", type=int, default=1, help="runs at a time (each trainer uses every core)")
+    args = ap.parse_args(argv)
+    try:
+        spec = load_spec(args.spec)
+        if args.report_only and (args.arms or args.seeds or args.dry_run):
+            raise SpecError("--report-only reports the whole spec; it takes no --arms, --seeds or --dry-run")
+        if args.report_only:
+            for path in write_report(spec):
+                print(path)
+            return 0
+        if args.parallel < 1:
+            raise SpecError(f"--parallel must be >= 1, got {args.parallel}")
+        arms = _pick(args.arms, list(spec.arms), "arms")
+        seeds = _pick(args.seeds, spec.seeds, "seeds", int)
+        check_configs(spec, arms)
+    except (SpecError, ValueError) as e:
+        print(f"ablate: error: {e}", file=sys.stderr)
+        return 2
+    # seed-major order: after each pass over the arms the table compares them on equal seeds
+    grid = [(arm, seed) for seed in seeds for arm in arms]
+    todo = [(a, s) for a, s in grid if not (spec.run_dir(a, s) / DONE).is_file()]
+    if args.dry_run:
+        env = " ".join(f"{k}={v}" for k, v in OFFLINE_ENV.items())
+        for arm, seed in grid:
+            d = spec.run_dir(arm, seed)
+            if (arm, seed) in todo:
+                print(f"{env} {shlex.join(spec.command(arm, seed))} >> {shlex.quote(str(d / LOG))} 2>&1")
+            else:
+                print(f"# done: {arm} seed {seed} ({d / DONE})")
+        return 0
+    print(f"{len(grid) - len(todo)} of {len(grid)} runs already finished; {len(todo)} to run", file=sys.stderr)
+    failed, stopped = run_grid(spec, todo, args.parallel, already=len(grid) - len(todo))
+    if stopped is not None:
+        print(f"stopped by signal {stopped}; the running trainer checkpointed. Run the same command to resume.",
+              file=sys.stderr)
+        return 128 + stopped
+    for path in write_report(spec):
+        print(path)
+    for arm, seed, why in failed:
+        print(f"failed: {arm} seed {seed}: {why} ({spec.run_dir(arm, seed) / LOG})", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
