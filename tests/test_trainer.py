@@ -339,3 +339,23 @@ def test_parquet_source_reads_the_documented_schema(tmp_path):
     assert [(it.answer, it.scorer, it.reference) for it in items] == [
         ("0.5", "math", "<answer>0.5</answer>"), ("Paris", "exact", "")]
     assert items[1].uid.endswith("tasks.parquet:1")
+
+
+def test_separate_sft_items_never_repeat_an_rl_or_held_out_question():
+    from jaxrl_llm.data.tasks import load_sft_items, load_splits
+
+    cfg = load_config("configs/toy.yaml", ["data.train_size=200", "data.eval_size=200", "data.sft_size=300"])
+    train, held = load_splits(cfg.data)
+    sft = load_sft_items(cfg.data)
+    assert len(sft) > 250 and len(held) > 50
+    questions = lambda items: {it.question for it in items}  # noqa: E731
+    assert not questions(sft) & questions(train) and not questions(held) & (questions(train) | questions(sft))
+    assert load_sft_items(load_config("configs/toy.yaml", ["data.train_size=200"]).data) == []
+
+
+def test_difficulty_column_is_checked_per_row(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"question": "a", "answer": "1", "difficulty": 0.5}) + "\n"
+                    + json.dumps({"question": "b", "answer": "2", "difficulty": 3}) + "\n")
+    with pytest.raises(DataError, match=r"d.jsonl: row 1 has difficulty 3(\.0)?; give a number in \[0, 1\]"):
+        load_items(load_config(None, ["data.source=jsonl", f"data.path={data}"]).data, "train")

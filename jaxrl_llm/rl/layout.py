@@ -29,13 +29,14 @@ def _own_len(rows: RowBatch, idx: np.ndarray) -> np.ndarray:
     return np.maximum(last - rows.context_len[idx], 1)
 
 
-def contexts_bound(micro_rows: int, group_size: int, *, exact: bool = True) -> int:
+def contexts_bound(micro_rows: int, group_size: int, *, exact: bool = True, cap: int | None = None) -> int:
     """Most contexts a micro-batch of `micro_rows` rows sorted by context can hold, passed to
     shared_layout as `min_contexts` so the context axis keeps one shape for a whole run. `exact`:
     every group has `group_size` rows (plain GRPO); otherwise groups have at least `group_size` rows
-    and any sizes (explorers: E3 budgets, replayed groups)."""
+    and any sizes (explorers: E3 budgets, replayed groups), and `cap` is the most distinct contexts
+    a step can have at all (its prompts, plus any contexts explorers add)."""
     if not exact:
-        return min(micro_rows, 1 + -(-(micro_rows - 1) // group_size))
+        return min(micro_rows, 1 + -(-(micro_rows - 1) // group_size), cap or micro_rows)
     if micro_rows % group_size == 0:
         return micro_rows // group_size
     if group_size % micro_rows == 0:

@@ -90,8 +90,10 @@ def minibatch(cfg: Config, rows: RowBatch, idx: np.ndarray, shared: bool | None 
     if not shared:
         return rows_layout(rows, idx)
     micro_rows = min(cfg.algo.micro_batch, len(idx))
+    if cfg.algo.minibatches > 1:  # rows drawn at random into minibatches: any mix of contexts
+        min_group = 1
     bound = contexts_bound(micro_rows, cfg.rollout.group_size if min_group is None else min_group,
-                           exact=min_group is None)
+                           exact=min_group is None, cap=cfg.rollout.prompts_per_step)
     return shared_layout(rows, idx, micro_rows, min_contexts=bound)
 
 
