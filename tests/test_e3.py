@@ -12,7 +12,7 @@ import numpy as np
 from flax import nnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_trainer import _sigterm_after_row, _tiny_cfg, _train_rows  # noqa: E402
+from test_trainer import _sigterm_after_row, _spawn_train, _tiny_cfg, _train_rows  # noqa: E402
 
 from jaxrl_llm.explore.temperature import entropy_constant  # noqa: E402
 from jaxrl_llm.train.loop import Run  # noqa: E402
@@ -41,9 +41,15 @@ def test_e3_changes_budgets_and_temperature_without_recompiling(tmp_path):
     assert [rows[s]["e3_n_max"] for s in (1, 3, 5, 9)] == [8, 10, 12, 12]
     temps = [rows[s]["temperature"] for s in sorted(rows)]
     assert len(set(np.round(temps, 6))) > 3, temps  # the controller moved T
-    raw = [json.loads(ln) for ln in (Path(cfg.train.out_dir) / "metrics.jsonl").read_text().splitlines()]
-    counts = [r["compilations"] for r in raw if r["kind"] == "train"]
+    # after warm-up neither E3 nor plain GRPO compiles anything (each run in a process of its own, as a
+    # run is: the compile counter is per process)
+    counts = _compilations(cfg.train.out_dir)
     assert counts[2:] == [counts[2]] * (len(counts) - 2), counts
+    off = _e3_cfg(tmp_path / "off", "train.steps=9", "train.checkpoint_every=100", "eval.every=100",
+                  "explore.e3.enabled=false")
+    _run_in_subprocess(tmp_path, off)
+    off_counts = _compilations(off.train.out_dir)
+    assert off_counts[2:] == [off_counts[2]] * (len(off_counts) - 2), off_counts
 
     # the controller, recomputed from the logged entropy and target: T' = T (1 + T ln(H*/H) / k), clamped
     k = float(entropy_constant(run.policy.model_cfg.vocab_size))
@@ -57,10 +63,23 @@ def test_e3_changes_budgets_and_temperature_without_recompiling(tmp_path):
     assert rows[1]["e3_target_entropy"] == rows[1]["e3_entropy"]  # H* is the entropy of step 1
 
 
+def _compilations(out_dir) -> list[int]:
+    raw = [json.loads(ln) for ln in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
+    return [r["compilations"] for r in raw if r["kind"] == "train"]
+
+
+def _run_in_subprocess(tmp_path, cfg):
+    proc = _spawn_train(tmp_path, cfg)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-2000:]
+
+
 def test_e3_resume_equals_an_uninterrupted_run(tmp_path):
-    """Stopped by SIGTERM after step 3 of 7 (tracker, ranks, bounds, T and the annealed target all in
-    play) and resumed, the run equals the uninterrupted one: every metric, E3 state and parameter."""
-    extra = ("train.steps=7", "train.checkpoint_every=100", "eval.every=100")
+    """Stopped by SIGTERM after step 3 of 7 (tracker, ranks re-ranked from observed rewards every 2
+    steps, bounds, T and the annealed target all in play) and resumed, the run equals the
+    uninterrupted one: every metric, E3 state and parameter."""
+    extra = ("train.steps=7", "train.checkpoint_every=100", "eval.every=100", "explore.e3.rank_every=2",
+             "sft.steps=8", "sft.batch_size=8", "sft.lr=0.01")
     whole = _e3_cfg(tmp_path / "a", *extra)
     run = Run(whole, log=lambda *a: None)
     run.train()
@@ -79,5 +98,7 @@ def test_e3_resume_equals_an_uninterrupted_run(tmp_path):
             {k: v for k, v in b[s].items() if not any(t in k for t in timing)}, s
     same = lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y))  # noqa: E731
     jax.tree.map(same, jax.device_get(run.state.explore), jax.device_get(resumed.state.explore))
+    ranks = np.asarray(run.state.explore["e3"].rank)
+    assert not np.allclose(ranks, np.arange(8) / 7), ranks  # re-ranked from rewards, not the data's seed
     jax.tree.map(same, jax.device_get(nnx.to_pure_dict(run.state.params)),
                  jax.device_get(nnx.to_pure_dict(resumed.state.params)))

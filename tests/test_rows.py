@@ -54,3 +54,21 @@ def test_row_plan_and_rollouts_cut_join_and_patch(tiny_sampler):
     assert swapped.rewards.tolist() == [9, 1, 2, 3, 4] and swapped.texts[0] == "z"
     assert swapped.plan.group.tolist() == [1, 0, 1, 1, 1] and swapped.advantages is None
     assert _row(swapped.out, 0) == _row(out, 4)
+
+
+def test_responses_move_under_other_prompts(tiny_sampler):
+    """HeRL trains a revision as a response to the original prompt: the row's own tokens, log-probs,
+    entropies and masks move intact behind the new prompt."""
+    sampler, state = tiny_sampler
+    out = sampler(state, [[5, 6, 7, 8, 9, 10], [11, 12]], max_new_tokens=5, temperature=1.0,
+                  key=jax.random.key(4), prefixes=[[20, 21], []])
+    moved = out.with_prompts([[1, 2], [3, 4, 5, 6, 7, 8, 9, 10, 11, 12]])
+    assert moved.prompt_len.tolist() == [2, 10] and (moved.prefix_len == out.prefix_len).all()
+    for i in range(2):
+        a, b = out.prompt_len[i], moved.prompt_len[i]
+        own = out.prefix_len[i] + out.num_generated[i]
+        np.testing.assert_array_equal(moved.tokens[i, b:b + own], out.tokens[i, a:a + own])
+        np.testing.assert_array_equal(moved.logprobs[i, b:b + own], out.logprobs[i, a:a + own])
+        assert moved.response_mask[i].sum() == out.num_generated[i] and moved.prefix_mask[i].sum() == out.prefix_len[i]
+        np.testing.assert_array_equal(moved.logprobs[i][moved.response_mask[i]], out.logprobs[i][out.response_mask[i]])
+    assert moved.generated(0) == out.generated(0) and moved.tokens[1, :10].tolist() == list(range(3, 13))

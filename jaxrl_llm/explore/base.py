@@ -7,7 +7,7 @@ HeRL):
     sample   one sampler call for the plan
     score    a reward per row (and rubric items met)
     revise   each explorer may add or replace rows, with `sample` and `score` callables it is
-             handed (so explore/ never imports train/)
+             handed (so explore/ never imports train/), and returns metrics of what it did
     advantages over the rows the step ended with, then the update
     observe  each explorer updates its state from the scored rollouts and returns metrics
 
@@ -31,13 +31,15 @@ from jaxrl_llm.sampling.sampler import SampleOutput
 ORDER = ("e3", "rrl", "herl")
 KEY_PHASE = {name: 16 + i for i, name in enumerate(ORDER)}
 
+# sample(plan, contexts=None): the plan's rows from their prompts (contexts[i] instead, e.g. a revise
+# prompt); score(plan, out): rewards against the ORIGINAL items of the plan's rows
 SampleFn = Callable[[RowPlan, "Sequence[Sequence[int]] | None"], SampleOutput]
 ScoreFn = Callable[[RowPlan, SampleOutput], Rollouts]
 
 
 @dataclasses.dataclass(frozen=True)
 class Setup:
-    """What an explorer may size its state by, fixed for the run."""
+    """What an explorer may size its state by and build rows from, fixed for the run."""
 
     num_items: int  # training prompts (trackers index them by their position in the data set)
     prompts_per_step: int  # B
@@ -47,13 +49,16 @@ class Setup:
     steps_per_epoch: int
     vocab_size: int
     temperature: float  # the configured sampling temperature
-    item_difficulty: np.ndarray | None = None  # [num_items] data-set rank in [0, 1] (1 hardest), if given
+    item_difficulty: np.ndarray | None = None  # [num_items] data-set rank in [0, 1] (1 hardest), NaN: not given
+    items: Sequence[Any] = ()  # [num_items] the training TaskItems (question, answer, scorer, rubrics)
+    prompts: Sequence[Sequence[int]] = ()  # [num_items] their prompt tokens as the policy sees them
+    tokenizer: Any = None  # to decode responses and encode new contexts (e.g. revise prompts)
 
 
 @dataclasses.dataclass(frozen=True)
 class StepInfo:
     step: int  # 1-based RL step
-    prompt_ids: np.ndarray  # [B] data-set index of each of the step's prompts
+    prompt_ids: np.ndarray  # [B] training-set index of each of the step's prompts (RowPlan.prompt's values)
     key: jax.Array  # the explorer's key for this step (its own phase)
 
 
@@ -73,8 +78,9 @@ class Explorer:
     def plan(self, state, plan: RowPlan, info: StepInfo) -> RowPlan:
         return plan
 
-    def revise(self, state, rollouts: Rollouts, info: StepInfo, sample: SampleFn, score: ScoreFn) -> Rollouts:
-        return rollouts
+    def revise(self, state, rollouts: Rollouts, info: StepInfo, sample: SampleFn, score: ScoreFn
+               ) -> tuple[Rollouts, dict]:
+        return rollouts, {}
 
     def observe(self, state, rollouts: Rollouts, info: StepInfo) -> tuple[Any, dict]:
         return state, {}
@@ -107,10 +113,12 @@ class Explorers:
         return plan
 
     def revise(self, states: dict, rollouts: Rollouts, info: dict[str, StepInfo], sample: SampleFn,
-               score: ScoreFn) -> Rollouts:
+               score: ScoreFn) -> tuple[Rollouts, dict]:
+        metrics = {}
         for e in self.explorers:
-            rollouts = e.revise(states[e.name], rollouts, info[e.name], sample, score)
-        return rollouts
+            rollouts, m = e.revise(states[e.name], rollouts, info[e.name], sample, score)
+            metrics.update(m)
+        return rollouts, metrics
 
     def observe(self, states: dict, rollouts: Rollouts, info: dict[str, StepInfo]) -> tuple[dict, dict]:
         states, metrics = dict(states), {}

@@ -63,9 +63,9 @@ class E3(Explorer):
         self.setup = setup
         self.rank_every = c.rank_every or setup.steps_per_epoch
         diff = setup.item_difficulty
-        self.seed_rank = None
-        if c.data_rank and diff is not None and len(diff) and np.isfinite(diff).all():
-            self.seed_rank = jnp.asarray(diff, jnp.float32)
+        self.seed_rank = None  # items without a data-set difficulty rank as unseen: hardest
+        if c.data_rank and diff is not None and np.isfinite(diff).any():
+            self.seed_rank = jnp.asarray(np.where(np.isfinite(diff), diff, 1.0), jnp.float32)
         p = setup.num_items
         zeros = jnp.zeros((p,), jnp.float32)
         n = setup.group_size
@@ -91,8 +91,9 @@ class E3(Explorer):
         group = np.repeat(np.arange(len(sizes)), sizes)
         if len(group) != plan.rows or plan.replayed.any() or plan.hindsight.any() or any(plan.prefix):
             raise ValueError("E3 plans the step's fresh rows and runs first: it expects a plain plan of N rows")
-        return RowPlan(prompt=group.copy(), group=group, temperature=per_prompt[group].astype(np.float32),
-                       prefix=plan.prefix, replayed=plan.replayed, hindsight=plan.hindsight, row_keys=plan.row_keys)
+        return RowPlan(prompt=np.asarray(info.prompt_ids)[group], group=group,
+                       temperature=per_prompt[group].astype(np.float32), prefix=plan.prefix, replayed=plan.replayed,
+                       hindsight=plan.hindsight, row_keys=plan.row_keys)
 
     # -- after the update ---------------------------------------------------------------------------
     def _observe_fn(self, state: E3State, item_N, reward_N, fresh_N, entropy, step):
@@ -122,12 +123,13 @@ class E3(Explorer):
         fresh = ~plan.replayed & ~plan.hindsight
         mask = out.response_mask & fresh[:, None]
         entropy = float(out.entropy[mask].mean()) if mask.any() else float(state.entropy)
-        item = np.asarray(info.prompt_ids)[plan.prompt]
+        item = plan.prompt
         rank_rows = np.asarray(state.rank)[item]  # the ranks this step was planned with
-        new, target = self._observe(state, jnp.asarray(item, jnp.int32), jnp.asarray(rollouts.rewards, jnp.float32),
+        # the rewards as scored (not as another explorer adjusted them) feed the difficulty tracker
+        new, target = self._observe(state, jnp.asarray(item, jnp.int32), jnp.asarray(rollouts.scored, jnp.float32),
                                     jnp.asarray(fresh), jnp.float32(entropy), jnp.int32(info.step))
         sizes = np.bincount(plan.group[fresh], minlength=len(info.prompt_ids))
-        correct = rollouts.rewards >= 1.0 - 1e-6
+        correct = rollouts.scored >= 1.0 - 1e-6
         quint = np.minimum((rank_rows * QUINTILES).astype(int), QUINTILES - 1)
         metrics = {"e3_temperature": float(new.temperature), "e3_target_entropy": float(target),
                    "e3_entropy": entropy, "e3_n_min": int(state.n_min), "e3_n_max": int(state.n_max),

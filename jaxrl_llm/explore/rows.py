@@ -1,7 +1,8 @@
 """A step's rows as the trainer and the explorers share them.
 
-`RowPlan` is what the sampler is asked for, frozen before sampling: for each of the N rows (a static
-number per run) the prompt it answers (an index into the step's prompts), its group (advantages are
+`RowPlan` is what the sampler is asked for, frozen before sampling: for each of the N rows the
+prompt it answers (its index in the training set, so a row may answer a prompt outside the step's
+batch, e.g. a replayed one), its group (advantages are
 computed within groups, whatever their sizes), its temperature, an optional given prefix of the
 response (context, never trained on), per-row flags, and its random key. `Rollouts` is the plan
 sampled and scored: the sampler's output, a scalar reward per row, the rubric items each row met
@@ -24,7 +25,7 @@ from jaxrl_llm.sampling.sampler import SampleOutput, row_key_data
 
 @dataclasses.dataclass(frozen=True)
 class RowPlan:
-    prompt: np.ndarray  # [N] int: index into the step's prompts
+    prompt: np.ndarray  # [N] int: the training item the row answers (index into the training set)
     group: np.ndarray  # [N] int: group id
     temperature: np.ndarray  # [N] float32
     prefix: tuple[tuple[int, ...], ...]  # [N] given response prefix tokens (empty: sample from the prompt)
@@ -35,14 +36,15 @@ class RowPlan:
     _ROW_FIELDS = ("prompt", "group", "temperature", "replayed", "hindsight", "row_keys")
 
     @classmethod
-    def groups(cls, sizes: Sequence[int], temperature, key: jax.Array) -> "RowPlan":
-        """Prompt i sampled sizes[i] times from scratch: group i, rows in prompt order, row r's key
-        fold_in(key, r)."""
+    def groups(cls, sizes: Sequence[int], temperature, key: jax.Array, prompt_ids=None) -> "RowPlan":
+        """Prompt i (training item prompt_ids[i], default i) sampled sizes[i] times from scratch: group
+        i, rows in prompt order, row r's key fold_in(key, r). `temperature`: one, or one per row."""
         sizes = np.asarray(sizes, np.int64)
         group = np.repeat(np.arange(len(sizes)), sizes)
         n = len(group)
+        ids = np.arange(len(sizes)) if prompt_ids is None else np.asarray(prompt_ids)
         temp = np.broadcast_to(np.asarray(temperature, np.float32), (n,)).copy()
-        return cls(prompt=group.copy(), group=group, temperature=temp, prefix=((),) * n,
+        return cls(prompt=ids[group], group=group, temperature=temp, prefix=((),) * n,
                    replayed=np.zeros(n, bool), hindsight=np.zeros(n, bool), row_keys=np.asarray(row_key_data(key, n)))
 
     @property
@@ -84,6 +86,12 @@ class Rollouts:
     texts: tuple[str, ...]  # [N] decoded response (given prefix + generated tokens)
     met: np.ndarray | None = None  # [N, K] bool: rubric items met (tasks with rubrics), else None
     advantages: np.ndarray | None = None  # [N] float32, computed last
+    # [N] the rewards as scored, before any explorer adjusted `rewards` (e.g. HeRL's bonus); trackers read these
+    scored: np.ndarray | None = None
+
+    def __post_init__(self):
+        if self.scored is None:
+            object.__setattr__(self, "scored", self.rewards)
 
     @property
     def rows(self) -> int:
@@ -93,21 +101,23 @@ class Rollouts:
         idx = np.arange(self.rows)[idx]
         return Rollouts(self.plan.take(idx), self.out.take(idx), self.rewards[idx],
                         tuple(self.texts[i] for i in idx), None if self.met is None else self.met[idx],
-                        None if self.advantages is None else self.advantages[idx])
+                        None if self.advantages is None else self.advantages[idx], self.scored[idx])
 
     @staticmethod
     def concat(parts: Sequence["Rollouts"]) -> "Rollouts":
         mets = [p.met for p in parts]
         return Rollouts(RowPlan.concat([p.plan for p in parts]), SampleOutput.concat([p.out for p in parts]),
                         np.concatenate([p.rewards for p in parts]), tuple(t for p in parts for t in p.texts),
-                        None if any(m is None for m in mets) else np.concatenate(mets))
+                        None if any(m is None for m in mets) else np.concatenate(mets),
+                        scored=np.concatenate([p.scored for p in parts]))
 
     def replace_rows(self, idx, other: "Rollouts") -> "Rollouts":
         """These rollouts with rows `idx` replaced by `other`'s (advantages are dropped: compute them
         again over the rows the step ends with)."""
         idx = np.arange(self.rows)[idx]
-        rewards, texts = self.rewards.copy(), list(self.texts)
+        rewards, scored, texts = self.rewards.copy(), self.scored.copy(), list(self.texts)
         rewards[idx] = other.rewards
+        scored[idx] = other.scored
         for i, t in zip(idx, other.texts):
             texts[i] = t
         met = None
@@ -115,4 +125,4 @@ class Rollouts:
             met = self.met.copy()
             met[idx] = other.met
         return Rollouts(self.plan.replace_rows(idx, other.plan), self.out.replace_rows(idx, other.out), rewards,
-                        tuple(texts), met)
+                        tuple(texts), met, scored=scored)

@@ -98,6 +98,27 @@ class SampleOutput:
             fields[f] = x
         return dataclasses.replace(base, **fields)
 
+    def with_prompts(self, prompts: Sequence[Sequence[int]]) -> "SampleOutput":
+        """The same responses (given prefix and generated tokens, with their log-probs and entropies)
+        after other prompts: row i's context becomes prompts[i] + its prefix. For training a response
+        under a context other than the one it was sampled in (HeRL's `train_on: original`); the
+        log-probs stay those of sampling. The buffer is a bucket of the longest new row."""
+        n = self.rows
+        if len(prompts) != n:
+            raise ValueError(f"{len(prompts)} prompts for {n} rows")
+        plen = np.array([len(p) for p in prompts], np.int32)
+        own = self.prefix_len + self.num_generated
+        width = bucket(int((plen + own).max()), 16)
+        tokens = np.full((n, width), self.pad_id, np.int32)
+        logp, ent = np.zeros((n, width), np.float32), np.zeros((n, width), np.float32)
+        for i in range(n):
+            a, b = int(self.prompt_len[i]), int(self.prompt_len[i] + own[i])
+            tokens[i, :plen[i]] = prompts[i]
+            tokens[i, plen[i]:plen[i] + own[i]] = self.tokens[i, a:b]
+            logp[i, plen[i]:plen[i] + own[i]] = self.logprobs[i, a:b]
+            ent[i, plen[i]:plen[i] + own[i]] = self.entropy[i, a:b]
+        return dataclasses.replace(self, tokens=tokens, prompt_len=plen, logprobs=logp, entropy=ent)
+
     @property
     def context_len(self) -> np.ndarray:
         return self.prompt_len + self.prefix_len

@@ -141,8 +141,7 @@ class Run:
         self.update = make_update(self.policy.graphdef, rl_update_spec(cfg), self.optimizer, params,
                                   abstract_optimizer_state(self.optimizer, params, self.mesh), self.mesh)
         self.sft_update = None  # built when SFT runs
-        self.recompute_logp = make_logprobs(self.policy.graphdef, cfg.model.compute_dtype, params, self.mesh,
-                                            self.rows) if cfg.algo.recompute_old_logp else None
+        self._logprobs = {}  # row count -> jitted log-probs (algo.recompute_old_logp)
         self.sample_dtype = jnp.dtype(cfg.model.compute_dtype)
         self._cast_for_sampling = jax.jit(lambda p: cast_floats(p, self.sample_dtype))
         self.data = prompt_batches(len(self.train_items), cfg.rollout.prompts_per_step, cfg.data.seed)
@@ -153,7 +152,9 @@ class Run:
                            steps_per_epoch=max(1, len(self.train_items) // jax.process_count()
                                                // cfg.rollout.prompts_per_step),
                            vocab_size=model_cfg.vocab_size, temperature=cfg.rollout.temperature,
-                           item_difficulty=np.array([it.difficulty for it, _ in self.train_items], np.float32))
+                           item_difficulty=np.array([it.difficulty for it, _ in self.train_items], np.float32),
+                           items=[it for it, _ in self.train_items], prompts=[ids for _, ids in self.train_items],
+                           tokenizer=tok)
         first_opt = self.sft_opt if cfg.sft.steps > 0 else self.optimizer
         self.state = TrainState(params=params, opt_state=init_optimizer(first_opt, params, self.mesh),
                                 explore=self.explorers.init(self.setup), seed=cfg.train.seed)
@@ -247,6 +248,12 @@ class Run:
             st.opt_state = init_optimizer(self.optimizer, st.params, self.mesh)
         st.stage = "rl"
 
+    def _recompute_logp(self, rows: int):
+        if rows not in self._logprobs:
+            self._logprobs[rows] = make_logprobs(self.policy.graphdef, self.cfg.model.compute_dtype,
+                                                 self.state.params, self.mesh, rows)
+        return self._logprobs[rows]
+
     def sampling_params(self):
         """The policy as the sampler should see it: in the update's compute dtype, so old log-probs are
         the trainer's numbers (a bf16 run samples with bf16 weights, not its float32 master copy)."""
@@ -257,10 +264,9 @@ class Run:
     def rollouts(self, pool: RewardPool, prompt_ids: np.ndarray) -> tuple[Rollouts, dict]:
         """The step's rows: plan (explorers may change it), sample, score, revise, advantages."""
         cfg, st = self.cfg, self.state
-        batch = [self.train_items[i] for i in prompt_ids]
-        items, prompts = [it for it, _ in batch], [ids for _, ids in batch]
+        items, prompts = self.setup.items, self.setup.prompts
         info = {name: StepInfo(st.step, prompt_ids, self.key(KEY_PHASE[name], st.step)) for name in self.explorers.names}
-        plan = self.explorers.plan(st.explore, plan_rows(cfg, len(batch), self.key(PHASE_ROLLOUT, st.step)), info)
+        plan = self.explorers.plan(st.explore, plan_rows(cfg, prompt_ids, self.key(PHASE_ROLLOUT, st.step)), info)
         params = self.sampling_params()
         t0 = time.perf_counter()
         out = sample_plan(self.sampler, params, cfg, prompts, plan)
@@ -269,10 +275,10 @@ class Run:
         rollouts = score_fn(plan, out)
         t2 = time.perf_counter()
         sample_fn = lambda plan, contexts=None: sample_plan(self.sampler, params, cfg, prompts, plan, contexts)  # noqa: E731
-        rollouts = self.explorers.revise(st.explore, rollouts, info, sample_fn, score_fn)
+        rollouts, revise_metrics = self.explorers.revise(st.explore, rollouts, info, sample_fn, score_fn)
         rollouts = with_advantages(rollouts, cfg.algo.advantage)
         t3 = time.perf_counter()
-        metrics = {**rollout_metrics(rollouts),
+        metrics = {**rollout_metrics(rollouts), **revise_metrics,
                    "sample_tokens_per_s": float(out.num_generated.sum() / max(t1 - t0, 1e-9)),
                    "time_sample_s": t1 - t0, "time_reward_s": t2 - t1, "time_revise_s": t3 - t2}
         return rollouts, dict(info=info, **metrics)
@@ -284,17 +290,21 @@ class Run:
         info = metrics.pop("info")
         t1 = time.perf_counter()
         full = update_rows(rollouts)
-        if self.recompute_logp is not None:
+        if cfg.algo.recompute_old_logp:
             mask = full.loss_mask
-            trainer_logp = np.asarray(self.recompute_logp(st.params, full.tokens, full.temperature)) * mask
+            trainer_logp = np.asarray(self._recompute_logp(full.rows)(st.params, full.tokens, full.temperature)) * mask
             metrics["logp_gap_sampler_recomputed"] = float(np.abs(trainer_logp - full.old_logp)[mask].mean()) \
                 if mask.any() else 0.0
             full = full.replace(old_logp=trainer_logp.astype(np.float32))
-        mb_rows = self.rows // cfg.algo.minibatches
+        rows = full.rows  # N, unless an explorer added rows (each row count compiles its own programs)
+        if rows % cfg.algo.minibatches:
+            raise ValueError(f"the step ended with {rows} rows, which algo.minibatches={cfg.algo.minibatches} "
+                             f"does not divide")
+        mb_rows = rows // cfg.algo.minibatches
         ups, positions = [], 0
         for epoch in range(cfg.algo.ppo_epochs):
-            order = np.arange(self.rows) if cfg.algo.minibatches == 1 else np.asarray(
-                jax.random.permutation(jax.random.fold_in(self.key(PHASE_MINIBATCH, st.step), epoch), self.rows))
+            order = np.arange(rows) if cfg.algo.minibatches == 1 else np.asarray(
+                jax.random.permutation(jax.random.fold_in(self.key(PHASE_MINIBATCH, st.step), epoch), rows))
             for m in range(cfg.algo.minibatches):
                 batch = minibatch(cfg, full, order[m * mb_rows:(m + 1) * mb_rows], min_group=self.min_group)
                 positions += batch_positions(batch)

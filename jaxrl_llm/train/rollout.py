@@ -26,15 +26,17 @@ from jaxrl_llm.train.metrics import group_stats, solved
 _advantages = jax.jit(group_advantages, static_argnames=("estimator", "num_groups"))
 
 
-def plan_rows(cfg: Config, num_prompts: int, key: jax.Array) -> RowPlan:
-    """Plain GRPO's plan: every prompt rollout.group_size times at rollout.temperature."""
-    return RowPlan.groups([cfg.rollout.group_size] * num_prompts, cfg.rollout.temperature, key)
+def plan_rows(cfg: Config, prompt_ids: np.ndarray, key: jax.Array) -> RowPlan:
+    """Plain GRPO's plan: every prompt (training-set indices) rollout.group_size times at
+    rollout.temperature."""
+    return RowPlan.groups([cfg.rollout.group_size] * len(prompt_ids), cfg.rollout.temperature, key, prompt_ids)
 
 
 def sample_plan(sampler: Sampler, params, cfg: Config, prompts: Sequence[Sequence[int]], plan: RowPlan,
                 contexts: Sequence[Sequence[int]] | None = None) -> SampleOutput:
-    """One sampler call for the plan's rows: row i continues prompts[plan.prompt[i]] (or contexts[i]
-    when given, e.g. a revise prompt) plus its given prefix, at its temperature, with its key."""
+    """One sampler call for the plan's rows: row i continues prompts[plan.prompt[i]] (prompts of the
+    whole training set; or contexts[i] when given, e.g. a revise prompt) plus its given prefix, at its
+    temperature, with its key."""
     ctx = [prompts[i] for i in plan.prompt] if contexts is None else contexts
     return sampler(params, ctx, max_new_tokens=cfg.rollout.max_new_tokens, temperature=plan.temperature,
                    top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k, row_keys=jax.random.wrap_key_data(plan.row_keys),
@@ -60,7 +62,8 @@ def score_texts(pool: RewardPool, cfg: Config, items: Sequence[TaskItem], texts:
 
 def score(pool: RewardPool, tok, cfg: Config, items: Sequence[TaskItem], plan: RowPlan,
           out: SampleOutput) -> Rollouts:
-    """Rewards of the sampled plan against the ORIGINAL items of its rows."""
+    """Rewards of the sampled plan against the ORIGINAL items of its rows (items of the whole
+    training set). Tasks with rubrics will also fill `met`; no task has rubrics yet."""
     texts = response_texts(tok, out)
     return Rollouts(plan, out, score_texts(pool, cfg, items, texts, plan.prompt), tuple(texts))
 
@@ -102,7 +105,7 @@ def collect(sampler: Sampler, params, pool: RewardPool, tok, cfg: Config, batch,
     import time
 
     items, prompts = [it for it, _ in batch], [ids for _, ids in batch]
-    plan = plan_rows(cfg, len(batch), key)
+    plan = plan_rows(cfg, np.arange(len(batch)), key)
     t0 = time.perf_counter()
     out = sample_plan(sampler, params, cfg, prompts, plan)
     t1 = time.perf_counter()
