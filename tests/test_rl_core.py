@@ -296,3 +296,25 @@ def test_adam_moments_are_sharded_like_the_parameters(tiny_model):
         for p, m in zip(jax.tree.leaves(params), jax.tree.leaves(moments)):
             assert m.sharding.is_equivalent_to(p.sharding, p.ndim), (m.sharding, p.sharding)
     assert any(not p.sharding.is_fully_replicated for p in jax.tree.leaves(params))
+
+
+def test_group_pass_at_k_counts_groups_of_at_least_k_rows_by_brute_force():
+    import itertools
+
+    from jaxrl_llm.train.metrics import group_stats
+
+    rng = np.random.RandomState(5)
+    sizes = [2, 4, 8, 5, 12]  # E3 groups of varied sizes
+    group = np.concatenate([np.full(s, g) for g, s in enumerate(sizes)])
+    correct = rng.rand(len(group)) < 0.3
+    correct[group == 1] = False  # an all-wrong group
+
+    def brute(g, k):  # share of k-subsets with a correct member
+        subsets = list(itertools.combinations(correct[group == g], k))
+        return np.mean([any(s) for s in subsets])
+
+    got = group_stats(correct, group)
+    for k in (1, 2, 4, 8):
+        want = np.mean([brute(g, k) for g, s in enumerate(sizes) if s >= k])
+        assert got[f"pass@{k}"] == pytest.approx(want, abs=1e-12), k
+    assert "pass@16" not in got and got["groups_all_wrong"] >= 0.2

@@ -60,7 +60,7 @@ class Checkpointer:
         if sorted(like) != registry.get("array_items"):
             raise CheckpointMismatchError(
                 f"{self.directory}/{step}: holds {registry.get('array_items')}, this run needs {sorted(like)} "
-                f"(was algo.kl_coef changed between the runs?); use another train.out_dir or set train.resume=false")
+                f"(was algo.kl_coef or an explore.* switch changed between the runs?); use another train.out_dir or set train.resume=false")
         abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like)
         try:
             arrays = self.manager.restore(step, args=ocp.args.Composite(arrays=ocp.args.StandardRestore(abstract)))

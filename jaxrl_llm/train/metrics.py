@@ -24,14 +24,15 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def group_stats(correct_N: np.ndarray, group_N: np.ndarray, ks=(1, 2, 4, 8, 16)) -> dict:
-    """pass@k over the groups (k up to the smallest group), and the share of all-wrong / all-right groups."""
+    """pass@k over the groups of at least k rows (groups vary in size under E3), and the share of
+    all-wrong / all-right groups."""
     groups = [correct_N[group_N == g] for g in np.unique(group_N)]
     out = {"groups_all_wrong": float(np.mean([not g.any() for g in groups])),
            "groups_all_right": float(np.mean([g.all() for g in groups]))}
-    smallest = min(len(g) for g in groups)
     for k in ks:
-        if k <= smallest:
-            out[f"pass@{k}"] = float(np.mean([pass_at_k(len(g), int(g.sum()), k) for g in groups]))
+        big = [g for g in groups if len(g) >= k]
+        if big:
+            out[f"pass@{k}"] = float(np.mean([pass_at_k(len(g), int(g.sum()), k) for g in big]))
     return out
 
 
