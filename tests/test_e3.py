@@ -16,6 +16,7 @@ from test_trainer import _sigterm_after_row, _spawn_train, _tiny_cfg, _train_row
 
 from jaxrl_llm.explore.temperature import entropy_constant  # noqa: E402
 from jaxrl_llm.train.loop import Run  # noqa: E402
+from jaxrl_llm.train.metrics import read_rows  # noqa: E402
 
 
 def _e3_cfg(tmp_path, *extra):
@@ -64,8 +65,7 @@ def test_e3_changes_budgets_and_temperature_without_recompiling(tmp_path):
 
 
 def _compilations(out_dir) -> list[int]:
-    raw = [json.loads(ln) for ln in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
-    return [r["compilations"] for r in raw if r["kind"] == "train"]
+    return [r["compilations"] for r in read_rows(Path(out_dir) / "metrics.jsonl") if r["kind"] == "train"]
 
 
 def _run_in_subprocess(tmp_path, cfg):

@@ -155,14 +155,9 @@ def check_configs(spec: Spec, arms) -> None:
 
 # -- reading runs (pure) ---------------------------------------------------------------------------
 def load_rows(path: Path) -> list[dict]:
-    rows = []
-    for i, line in enumerate(Path(path).read_text().splitlines()):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}: line {i + 1} is not JSON ({e})") from None
-    return rows
+    from jaxrl_llm.train.metrics import read_rows
+
+    return read_rows(path)
 
 
 def by_step(rows: list[dict], kind: str) -> dict[int, dict]:

@@ -7,7 +7,6 @@ response length against the step.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import matplotlib
@@ -15,16 +14,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-
-def load(path: Path) -> list[dict]:
-    rows = []
-    for i, line in enumerate(path.read_text().splitlines()):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise SystemExit(f"{path}: line {i + 1} is not JSON ({e})") from None
-    return rows
+from jaxrl_llm.train.metrics import read_rows  # noqa: E402
 
 
 def series(rows, kind, key):
@@ -38,7 +28,10 @@ def main(argv=None) -> int:
     ap.add_argument("-o", "--out", type=Path, default=None)
     ap.add_argument("--title", default=None)
     args = ap.parse_args(argv)
-    rows = load(args.metrics)
+    try:
+        rows = read_rows(args.metrics)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for key, label in (("greedy_accuracy", "held-out greedy"), ("sampled_accuracy", "held-out T=1"),
                        ("pass@4", "held-out pass@4")):

@@ -7,17 +7,18 @@ split of a step, update tokens/s, and the compilation counter per step.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
+
+from jaxrl_llm.train.metrics import read_rows
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run_dir", type=Path)
     args = ap.parse_args(argv)
-    rows = [json.loads(ln) for ln in (args.run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    rows = read_rows(args.run_dir / "metrics.jsonl")
     evals = [r for r in rows if r["kind"] in ("eval_before_sft", "eval")]
     train = [r for r in rows if r["kind"] == "train"]
     print(f"run: {args.run_dir}")

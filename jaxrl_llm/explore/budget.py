@@ -43,12 +43,20 @@ def difficulty_ranks(reward_sum_P, count_P, seed_rank_P=None):
     return ((first + last).astype(jnp.float32) / (2.0 * (num - 1))).astype(jnp.float32)
 
 
+def bounds(epoch, n: int, delta: int, n_low: int, n_high: int):
+    """(n_min, n_max) int32 after `epoch` completed epochs (may be traced): both n at epoch 0,
+    widened by delta each epoch down to n_low and up to n_high."""
+    return (jnp.maximum(n - delta * epoch, n_low).astype(jnp.int32),
+            jnp.minimum(n + delta * epoch, n_high).astype(jnp.int32))
+
+
 def budget_bounds(epoch: int, n: int, delta: int, n_low: int, n_high: int) -> tuple[int, int]:
-    """(n_min, n_max) after `epoch` completed epochs: both n at epoch 0, widened by delta each epoch."""
+    """`bounds` for concrete arguments, checked, as Python ints."""
     if epoch < 0 or delta < 0 or not n_low <= n <= n_high:
         raise ValueError(f"budget bounds need epoch >= 0, delta >= 0 and n_low <= n <= n_high; got "
                          f"epoch={epoch}, delta={delta}, n_low={n_low}, n={n}, n_high={n_high}")
-    return max(n - delta * epoch, n_low), min(n + delta * epoch, n_high)
+    n_min, n_max = bounds(epoch, n, delta, n_low, n_high)
+    return int(n_min), int(n_max)
 
 
 def _rho_scale(total: int, batch: int) -> int:

@@ -29,7 +29,7 @@ from flax import struct
 
 from jaxrl_llm.config import E3Section
 from jaxrl_llm.explore.base import Explorer, Setup, StepInfo
-from jaxrl_llm.explore.budget import allocate, difficulty_ranks
+from jaxrl_llm.explore.budget import allocate, bounds, difficulty_ranks
 from jaxrl_llm.explore.rows import RowPlan, Rollouts
 from jaxrl_llm.explore.temperature import annealed_target, entropy_constant, next_temperature, row_temperatures
 
@@ -102,10 +102,7 @@ class E3(Explorer):
         reward_sum = state.reward_sum.at[item_N].add(reward_N * w)
         count = state.count.at[item_N].add(w)
         rank = jnp.where(step % self.rank_every == 0, difficulty_ranks(reward_sum, count, self.seed_rank), state.rank)
-        epochs = step // setup.steps_per_epoch
-        n = setup.group_size
-        n_min = jnp.maximum(n - c.delta * epochs, c.n_low).astype(jnp.int32)
-        n_max = jnp.minimum(n + c.delta * epochs, c.n_high).astype(jnp.int32)
+        n_min, n_max = bounds(step // setup.steps_per_epoch, setup.group_size, c.delta, c.n_low, c.n_high)
         initial = jnp.where(state.initial_target > 0, state.initial_target, entropy)
         target = annealed_target(initial, step, setup.total_steps, c.anneal_ratio, c.anneal_factor) if c.anneal \
             else initial

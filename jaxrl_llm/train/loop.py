@@ -10,7 +10,6 @@ a resumed run draws the same prompts and samples as an uninterrupted one.
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from pathlib import Path
@@ -41,7 +40,7 @@ from jaxrl_llm.rl.update import (UpdateSpec, abstract_optimizer_state, init_opti
 from jaxrl_llm.sampling.sampler import Sampler
 from jaxrl_llm.train.checkpoint import Checkpointer
 from jaxrl_llm.train.evaluate import evaluate
-from jaxrl_llm.train.metrics import MetricsWriter
+from jaxrl_llm.train.metrics import MetricsWriter, read_rows
 from jaxrl_llm.train.policy import build_policy, encode_items
 from jaxrl_llm.train.rollout import plan_rows, rollout_metrics, sample_plan, score, update_rows, with_advantages
 from jaxrl_llm.train.sft import sft_batch
@@ -420,7 +419,7 @@ class Run:
         path = self.out_dir / "metrics.jsonl"
         if jax.process_index() != 0 or not path.exists():
             return
-        rows = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+        rows = read_rows(path)
         evals = [r for r in rows if r["kind"] in ("eval_before_sft", "eval")]
         if not evals:
             return

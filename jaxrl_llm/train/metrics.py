@@ -36,6 +36,18 @@ def group_stats(correct_N: np.ndarray, group_N: np.ndarray, ks=(1, 2, 4, 8, 16))
     return out
 
 
+def read_rows(path: Path) -> list[dict]:
+    """The rows of a metrics.jsonl, in order; a line that is not JSON is an error naming it."""
+    rows = []
+    for i, line in enumerate(Path(path).read_text().splitlines()):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: line {i + 1} is not JSON ({e})") from None
+    return rows
+
+
 class MetricsWriter:
     """Appends one JSON row per call to metrics.jsonl (and TensorBoard). `rows` counts every row written
     to the file, so a checkpoint can record it and a resume from that checkpoint keeps exactly the

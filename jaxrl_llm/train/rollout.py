@@ -8,6 +8,7 @@ computed last, over whatever rows the step ended with (groups of any size, by se
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Sequence
 
 import jax
@@ -102,8 +103,6 @@ def collect(sampler: Sampler, params, pool: RewardPool, tok, cfg: Config, batch,
             ) -> tuple[Rollouts, dict]:
     """Plain GRPO's rollouts for (item, prompt ids) pairs, the phases back to back, with their times
     (benchmarks; the trainer runs the phases itself, with its explorers between them)."""
-    import time
-
     items, prompts = [it for it, _ in batch], [ids for _, ids in batch]
     plan = plan_rows(cfg, np.arange(len(batch)), key)
     t0 = time.perf_counter()
