@@ -58,6 +58,9 @@ class DataSection:
     answer_format: str = "tags"  # tags | last_number | boxed | raw: how the answer is read from a response
     instruction: str = ""  # appended to every question (e.g. how to format the answer)
     chat_template: bool = True
+    # reference solutions written by the project for tasks that ship none ("steps": basic_arithmetic left to
+    # right, one operation a line; data/worked.py): SFT targets and RRL's optional reference prefixes
+    worked: str = ""
     max_prompt_len: int = 256
     overlong: str = "drop"  # drop | truncate: prompts over max_prompt_len
 
@@ -150,8 +153,33 @@ class E3Section:
 
 
 @dataclasses.dataclass(frozen=True)
+class RRLSection:
+    """RRL (ALGORITHMS.md §3): a replay array of prefix states cut from unsolved prompts' responses, continued
+    later in a dynamic share of the rollout slots."""
+
+    enabled: bool = False
+    capacity: int = 4096  # states in the replay array
+    max_prefix_tokens: int = 64  # longest stored prefix (and at most rollout.max_new_tokens - 1)
+    boundary: str = "line"  # line | sentence | tokens: where responses are cut into prefix states
+    every_tokens: int = 16  # boundary=tokens: a cut every this many tokens
+    prefixes_per_response: int = 2  # cuts kept per response, spread over its boundaries (a short and a long one)
+    unsolved_below: float = 0.5  # a prompt whose fresh group succeeds less often than this is unsolved
+    reference_prefixes: bool = False  # also cut the data set's reference solutions of unsolved prompts
+    replay_ratio: float = 0.25  # share of the rollout slots replayed, times the batch's unsolved share
+    warmup_steps: int = 2  # steps that only collect states
+    continuations: int = 4  # rows sampled from each replayed state (one advantage group)
+    c_ucb: float = 0.5  # exploration bonus of the priority
+    priority_temperature: float = 0.1  # states drawn by softmax(priority / this) without replacement; 0: top-k
+    min_visits: int = 1  # backtracking compares states with at least this many continuations
+    backtrack_margin: float = 0.0  # a longer prefix is demoted when a shorter one of it beats it by more
+    max_age: int = 0  # drop states whose prefix came from a policy more than this many steps old (0: never)
+    age_penalty: float = 0.0  # priority lost per step of a state's age when drawing states
+
+
+@dataclasses.dataclass(frozen=True)
 class ExploreSection:
     e3: E3Section = E3Section()
+    rrl: RRLSection = RRLSection()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,6 +219,8 @@ CHOICES = {
     "data.source": ("reasoning_gym", "jsonl", "parquet"),
     "data.answer_format": ("tags", "last_number", "boxed", "raw"),
     "data.overlong": ("drop", "truncate"),
+    "data.worked": ("", "steps"),
+    "explore.rrl.boundary": ("line", "sentence", "tokens"),
     "algo.advantage": ESTIMATORS,
     "algo.loss_agg": AGGREGATIONS,
     "algo.kl_estimator": KL_ESTIMATORS,
@@ -320,3 +350,17 @@ def _validate(cfg: Config, source: str) -> None:
              f"t_max ({e3.t_max})")
         need(0 <= e3.anneal_ratio <= 1 and e3.anneal_factor > 0, "explore.e3 anneal_ratio in [0, 1], anneal_factor > 0")
         need(e3.target_entropy >= 0, "explore.e3.target_entropy must be >= 0 (0: measured at step 1)")
+    r = cfg.explore.rrl
+    if r.enabled:
+        need(r.capacity >= 1 and r.max_prefix_tokens >= 1 and r.prefixes_per_response >= 1,
+             "explore.rrl capacity, max_prefix_tokens and prefixes_per_response must be >= 1")
+        need(r.boundary != "tokens" or r.every_tokens >= 1, "explore.rrl.every_tokens must be >= 1")
+        need(0 <= r.replay_ratio < 1, f"explore.rrl.replay_ratio={r.replay_ratio} must be in [0, 1)")
+        need(2 <= r.continuations <= rows, f"explore.rrl.continuations={r.continuations} must be in [2, {rows}] "
+             f"(a group needs two rows for an advantage)")
+        need(r.replay_ratio * rows // r.continuations <= r.capacity,
+             "explore.rrl.capacity is smaller than the states one step replays")
+        need(r.warmup_steps >= 0 and r.max_age >= 0 and r.min_visits >= 1 and r.c_ucb >= 0
+             and r.priority_temperature >= 0 and r.age_penalty >= 0 and r.backtrack_margin >= 0,
+             "explore.rrl: warmup_steps, max_age, c_ucb, priority_temperature, age_penalty and backtrack_margin "
+             "must be >= 0, min_visits >= 1")

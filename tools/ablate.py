@@ -49,7 +49,10 @@ DONE, LOG = "ablation_done.json", "train.log"
 EVAL_KS = (1, 2, 4, 8, 16)
 EVAL_COLUMNS = (("greedy_accuracy", "greedy"), ("sampled_accuracy", "sampled T=1"),
                 *((f"pass@{k}", f"pass@{k}") for k in EVAL_KS), ("never_solved_share", "never solved"))
-BUDGET_COLUMNS = (("sampled_tokens", "sampled tokens"), ("wall_s", "wall s"), ("rl_steps", "RL steps"))
+# training prompts first solved by a continuation of a replayed prefix state (RRL), over the whole run
+REPLAY_COLUMNS = (("rrl_solved_first_via_replay", "solved first via replay"),)
+BUDGET_COLUMNS = REPLAY_COLUMNS + (("sampled_tokens", "sampled tokens"), ("wall_s", "wall s"), ("rl_steps", "RL steps"))
+OPTIONAL = {k for k, _ in REPLAY_COLUMNS} | {f"pass@{k}" for k in EVAL_KS}  # shown when some arm has them
 COLUMNS = EVAL_COLUMNS + BUDGET_COLUMNS
 ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -198,6 +201,10 @@ def run_summary(rows: list[dict], steps: int) -> dict | None:
               "wall_s": None if None in step_times else
               float(sum(step_times) + sum(r.get("time_eval_s", 0.0) for r in evals.values())),
               "rl_steps": float(len(train))}
+    last = train[max(train)] if train else {}
+    for key, _ in REPLAY_COLUMNS:
+        if key in last:
+            budget[key] = float(last[key])
 
     def eval_metrics(row):
         return {k: float(row[k]) for k, _ in EVAL_COLUMNS if k in row}
@@ -273,7 +280,8 @@ def arm_table(spec: Spec, runs: list[RunData]) -> list[dict]:
 def _cell(key: str, stat: Stat | None, n_arm: int) -> str:
     if stat is None:
         return ""
-    fmt = {"sampled_tokens": "{:,.0f}", "wall_s": "{:.1f}", "rl_steps": "{:.0f}"}.get(key, "{:.3f}")
+    fmt = {"sampled_tokens": "{:,.0f}", "wall_s": "{:.1f}", "rl_steps": "{:.0f}",
+           "rrl_solved_first_via_replay": "{:.1f}"}.get(key, "{:.3f}")
     text = fmt.format(stat.mean)
     if stat.n > 1 and key != "rl_steps":
         text += " ± " + fmt.format(stat.std)
@@ -281,8 +289,7 @@ def _cell(key: str, stat: Stat | None, n_arm: int) -> str:
 
 
 def format_markdown(spec: Spec, table: list[dict], runs: list[RunData], missing: list) -> str:
-    shown = [(k, label) for k, label in COLUMNS
-             if not k.startswith("pass@") or any(k in line["stats"] for line in table)]
+    shown = [(k, label) for k, label in COLUMNS if k not in OPTIONAL or any(k in line["stats"] for line in table)]
     out = [f"# Ablation: {spec.path}", "",
            f"Produced by `python tools/ablate.py {spec.path}` (rerun it to resume, `--report-only` to redo this).", "",
            f"- base: `{spec.base}`",

@@ -12,6 +12,7 @@ import dataclasses
 import json
 
 from jaxrl_llm.config import DataSection
+from jaxrl_llm.data.worked import worked_solution
 
 EVAL_SEED_OFFSET = 1_000_003  # held-out items come from another generator stream
 SFT_SEED_OFFSET = 2_000_003  # and separate SFT items (data.sft_size) from a third
@@ -41,9 +42,14 @@ def _reasoning_gym(cfg: DataSection, split: str) -> list[TaskItem]:
         ds = reasoning_gym.create_dataset(cfg.task, size=size, seed=seed, **cfg.task_args)
     except Exception as e:  # unknown name or bad task_args
         raise DataError(f"reasoning-gym task {cfg.task!r} with {cfg.task_args}: {e}") from e
+    try:
+        refs = [worked_solution(cfg.task, e, cfg.worked) for e in ds]
+    except (KeyError, ValueError) as e:
+        raise DataError(f"data.worked={cfg.worked!r} on reasoning-gym task {cfg.task!r} with {cfg.task_args}: {e}") \
+            from e
     return [TaskItem(uid=f"{cfg.task}:{split}:{i}", question=e["question"], answer=str(e["answer"]),
                      scorer=f"reasoning_gym:{e['metadata'].get('source_dataset', cfg.task)}",
-                     entry_json=json.dumps(e, default=str)) for i, e in enumerate(ds)]
+                     entry_json=json.dumps(e, default=str), reference=ref) for i, (e, ref) in enumerate(zip(ds, refs))]
 
 
 def _file(path: str, kind: str) -> list[TaskItem]:

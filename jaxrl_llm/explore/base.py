@@ -53,6 +53,8 @@ class Setup:
     items: Sequence[Any] = ()  # [num_items] the training TaskItems (question, answer, scorer, rubrics)
     prompts: Sequence[Sequence[int]] = ()  # [num_items] their prompt tokens as the policy sees them
     tokenizer: Any = None  # to decode responses and encode new contexts (e.g. revise prompts)
+    max_new_tokens: int = 0  # rollout.max_new_tokens: a response's token budget (a given prefix counts)
+    mesh: Any = None  # the run's device mesh (explorer arrays may be laid out over its batch axes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +76,14 @@ class Explorer:
         """The smallest group this explorer can create, None when it leaves group sizes alone (the
         update's shared layout is sized by it)."""
         return None
+
+    def extra_contexts(self) -> int:
+        """Most distinct contexts (prompt + prefix) this explorer adds to a step beyond its prompts."""
+        return 0
+
+    def prefix_tokens(self) -> int:
+        """Longest given prefix this explorer puts after a prompt (0: none)."""
+        return 0
 
     def plan(self, state, plan: RowPlan, info: StepInfo) -> RowPlan:
         return plan
@@ -106,6 +116,12 @@ class Explorers:
         """None when every group keeps `nominal` rows, else the smallest group any explorer can make."""
         sizes = [m for m in (e.min_group_size() for e in self.explorers) if m is not None]
         return min([nominal] + sizes) if sizes else None
+
+    def extra_contexts(self) -> int:
+        return sum(e.extra_contexts() for e in self.explorers)
+
+    def prefix_tokens(self) -> int:
+        return max([0] + [e.prefix_tokens() for e in self.explorers])
 
     def plan(self, states: dict, plan: RowPlan, info: dict[str, StepInfo]) -> RowPlan:
         for e in self.explorers:

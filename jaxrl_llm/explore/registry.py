@@ -12,4 +12,8 @@ def build_explorers(cfg: Config) -> list[Explorer]:
         from jaxrl_llm.explore.e3 import E3
 
         explorers.append(E3(cfg.explore.e3))
+    if cfg.explore.rrl.enabled:
+        from jaxrl_llm.explore.rrl import RRL
+
+        explorers.append(RRL(cfg.explore.rrl))
     return explorers

@@ -190,11 +190,13 @@ def insert(state: ReplayState, tokens_KxT, length_K, prompt_K, prior_K, valid_K,
     return new_state, {"inserted": inserted, "evicted": evicted, "duplicates": jnp.sum(duplicate, dtype=jnp.int32)}
 
 
-def sample(state: ReplayState, key, k: int, c_ucb, temperature):
-    """(indices [k] int32, valid [k] bool): k distinct slots by priority (module docstring)."""
+def sample(state: ReplayState, key, k: int, c_ucb, temperature, now=0, age_penalty=0.0):
+    """(indices [k] int32, valid [k] bool): k distinct slots by priority (module docstring), each
+    priority lowered by age_penalty x (now - version): stale states are drawn less."""
     if k > state.capacity:
         raise ValueError(f"sample: k={k} exceeds the capacity {state.capacity}")
-    p = priority(state, c_ucb)
+    age = jnp.maximum(jnp.asarray(now, jnp.int32) - state.version, 0).astype(jnp.float32)
+    p = priority(state, c_ucb) - jnp.asarray(age_penalty, jnp.float32) * age
     tau = jnp.asarray(temperature, jnp.float32)
     noisy = p / jnp.where(tau > 0, tau, 1.0) + jax.random.gumbel(key, p.shape, jnp.float32)
     score = jnp.where(p > -jnp.inf, jnp.where(tau > 0, noisy, p), -jnp.inf)
@@ -248,12 +250,20 @@ def drop_prompts(state: ReplayState, solved_P) -> ReplayState:
     return _clear(state, gone).replace(drops=state.drops + jnp.sum(gone, dtype=jnp.int32))
 
 
+def drop_older(state: ReplayState, oldest_version) -> ReplayState:
+    """Empty the slots whose prefix came from a policy version below `oldest_version` (stale states);
+    counted with the drops."""
+    gone = (state.length > 0) & (state.version < oldest_version)
+    return _clear(state, gone).replace(drops=state.drops + jnp.sum(gone, dtype=jnp.int32))
+
+
 class Jitted(NamedTuple):
     insert: Callable
     sample: Callable
     update_values: Callable
     backtrack: Callable
     drop_prompts: Callable
+    drop_older: Callable
 
 
 def jitted(shardings: ReplayState | None = None) -> Jitted:
@@ -268,4 +278,5 @@ def jitted(shardings: ReplayState | None = None) -> Jitted:
                   sample=jit(sample, whole, static_argnames="k"),
                   update_values=jit(update_values, shardings, donate_argnums=0),
                   backtrack=jit(backtrack, (shardings, whole), donate_argnums=0),
-                  drop_prompts=jit(drop_prompts, shardings, donate_argnums=0))
+                  drop_prompts=jit(drop_prompts, shardings, donate_argnums=0),
+                  drop_older=jit(drop_older, shardings, donate_argnums=0))

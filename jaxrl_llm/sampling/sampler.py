@@ -237,7 +237,7 @@ class Sampler:
 
     def __init__(self, graphdef, *, pad_id: int, stop_ids: Sequence[int] = (), max_cache_len: int = 4096,
                  min_batch: int = 1, min_context: int = 16, min_new: int = 16, mesh: Mesh | None = None,
-                 share_prefill: bool = True):
+                 share_prefill: bool = True, min_unique: int = 1):
         self.graphdef = graphdef
         # prefill each distinct context (prompt + prefix) once; False prefills every row (a benchmark's baseline)
         self.share_prefill = bool(share_prefill)
@@ -246,6 +246,9 @@ class Sampler:
         self.stop_ids = tuple(int(s) for s in stop_ids)
         self.max_cache_len = int(max_cache_len)
         self.min_batch, self.min_context, self.min_new = min_batch, min_context, min_new
+        # at least this many distinct contexts are prefilled (a bucket), so calls whose count of distinct
+        # contexts varies (RRL's replayed prefixes) keep one program
+        self.min_unique = int(min_unique)
 
     @classmethod
     def for_model(cls, model: Transformer, **kwargs) -> tuple["Sampler", nnx.State]:
@@ -311,7 +314,7 @@ class Sampler:
         index: dict[tuple[int, ...], int] = {}
         if self.share_prefill:
             source = np.array([index.setdefault(c, len(index)) for c in contexts] + [0] * pad_rows, np.int32)
-            u = bucket(len(index), self.min_batch)
+            u = min(bucket(len(index), max(self.min_batch, self.min_unique)), b)
             unique_tokens = np.full((u, prefill), self.pad_id, np.int32)
             unique_len = np.ones((u,), np.int32)
             for c, j in index.items():

@@ -37,6 +37,7 @@ from jaxrl_llm.rl.batch import positions as batch_positions
 from jaxrl_llm.rl.layout import contexts_bound, rows_layout, shared_layout
 from jaxrl_llm.rl.update import (UpdateSpec, abstract_optimizer_state, init_optimizer, make_logprobs, make_optimizer,
                                  make_update)
+from jaxrl_llm.sampling.buckets import bucket
 from jaxrl_llm.sampling.sampler import Sampler
 from jaxrl_llm.train.checkpoint import Checkpointer
 from jaxrl_llm.train.evaluate import evaluate
@@ -81,10 +82,11 @@ def rl_update_spec(cfg: Config, shared: bool | None = None) -> UpdateSpec:
 
 
 def minibatch(cfg: Config, rows: RowBatch, idx: np.ndarray, shared: bool | None = None,
-              min_group: int | None = None):
+              min_group: int | None = None, extra_contexts: int = 0, min_context: int = 16):
     """Rows `idx` in the layout the update takes (rl/layout.py), cut into micro-batches of
     algo.micro_batch rows with one context shape for the whole run. `min_group`: the smallest group
-    the run's explorers can make (None: every group has rollout.group_size rows)."""
+    the run's explorers can make (None: every group has rollout.group_size rows); `extra_contexts`:
+    the most contexts they add beyond the step's prompts; `min_context`: the context length bucket."""
     shared = cfg.rollout.shared_prefix if shared is None else shared
     if not shared:
         return rows_layout(rows, idx)
@@ -92,8 +94,8 @@ def minibatch(cfg: Config, rows: RowBatch, idx: np.ndarray, shared: bool | None 
     if cfg.algo.minibatches > 1:  # rows drawn at random into minibatches: any mix of contexts
         min_group = 1
     bound = contexts_bound(micro_rows, cfg.rollout.group_size if min_group is None else min_group,
-                           exact=min_group is None, cap=cfg.rollout.prompts_per_step)
-    return shared_layout(rows, idx, micro_rows, min_contexts=bound)
+                           exact=min_group is None, cap=cfg.rollout.prompts_per_step + extra_contexts)
+    return shared_layout(rows, idx, micro_rows, min_contexts=bound, min_context=min_context)
 
 
 def _coefs(cfg: Config) -> dict:
@@ -128,9 +130,6 @@ class Run:
         if not self.train_items:
             raise ValueError("no training prompts left (all dropped as longer than data.max_prompt_len?)")
         model_cfg = self.policy.model_cfg
-        self.sampler = Sampler(self.policy.graphdef, pad_id=pad_id(tok), stop_ids=stop_ids(tok, model_cfg.eos_token_ids),
-                               max_cache_len=model_cfg.max_position_embeddings, mesh=self.mesh,
-                               share_prefill=cfg.rollout.shared_prefix)
         self.rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size
         o = cfg.optim
         self.optimizer = make_optimizer(o.lr, warmup_steps=o.warmup_steps, schedule=o.schedule,
@@ -153,10 +152,23 @@ class Run:
                            vocab_size=model_cfg.vocab_size, temperature=cfg.rollout.temperature,
                            item_difficulty=np.array([it.difficulty for it, _ in self.train_items], np.float32),
                            items=[it for it, _ in self.train_items], prompts=[ids for _, ids in self.train_items],
-                           tokenizer=tok)
+                           tokenizer=tok, max_new_tokens=cfg.rollout.max_new_tokens, mesh=self.mesh)
+        explore_state = self.explorers.init(self.setup)
+        # explorers that add contexts (RRL's prompt + prefix) get one context length and count bucket for the
+        # whole run in sampling and in the update, so their varying rows compile nothing after warm-up
+        self.extra_contexts = self.explorers.extra_contexts()
+        self.min_context = 16
+        if self.explorers.prefix_tokens():
+            longest = max(len(ids) for _, ids in self.train_items + eval_items)
+            self.min_context = bucket(longest + self.explorers.prefix_tokens(), 16)
+        self.sampler = Sampler(self.policy.graphdef, pad_id=pad_id(tok), stop_ids=stop_ids(tok, model_cfg.eos_token_ids),
+                               max_cache_len=model_cfg.max_position_embeddings, mesh=self.mesh,
+                               share_prefill=cfg.rollout.shared_prefix, min_context=self.min_context,
+                               min_unique=cfg.rollout.prompts_per_step + self.extra_contexts
+                               if self.extra_contexts else 1)
         first_opt = self.sft_opt if cfg.sft.steps > 0 else self.optimizer
         self.state = TrainState(params=params, opt_state=init_optimizer(first_opt, params, self.mesh),
-                                explore=self.explorers.init(self.setup), seed=cfg.train.seed)
+                                explore=explore_state, seed=cfg.train.seed)
         self.root = self.state.root()
         self.ckpt = Checkpointer(self.out_dir / "checkpoints", keep=cfg.train.keep_checkpoints,
                                  async_save=cfg.train.async_checkpoint)
@@ -305,7 +317,8 @@ class Run:
             order = np.arange(rows) if cfg.algo.minibatches == 1 else np.asarray(
                 jax.random.permutation(jax.random.fold_in(self.key(PHASE_MINIBATCH, st.step), epoch), rows))
             for m in range(cfg.algo.minibatches):
-                batch = minibatch(cfg, full, order[m * mb_rows:(m + 1) * mb_rows], min_group=self.min_group)
+                batch = minibatch(cfg, full, order[m * mb_rows:(m + 1) * mb_rows], min_group=self.min_group,
+                                  extra_contexts=self.extra_contexts, min_context=self.min_context)
                 positions += batch_positions(batch)
                 st.params, st.opt_state, um = self.update(st.params, st.opt_state, batch, _coefs(cfg), st.ref_params)
                 ups.append(um)

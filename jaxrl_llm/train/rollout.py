@@ -37,9 +37,11 @@ def sample_plan(sampler: Sampler, params, cfg: Config, prompts: Sequence[Sequenc
                 contexts: Sequence[Sequence[int]] | None = None) -> SampleOutput:
     """One sampler call for the plan's rows: row i continues prompts[plan.prompt[i]] (prompts of the
     whole training set; or contexts[i] when given, e.g. a revise prompt) plus its given prefix, at its
-    temperature, with its key."""
+    temperature, with its key, for rollout.max_new_tokens less the prefix."""
     ctx = [prompts[i] for i in plan.prompt] if contexts is None else contexts
-    return sampler(params, ctx, max_new_tokens=cfg.rollout.max_new_tokens, temperature=plan.temperature,
+    # a given prefix counts against the response's budget
+    budget = np.maximum(cfg.rollout.max_new_tokens - np.array([len(p) for p in plan.prefix], np.int64), 1)
+    return sampler(params, ctx, max_new_tokens=budget, temperature=plan.temperature,
                    top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k, row_keys=jax.random.wrap_key_data(plan.row_keys),
                    prefixes=plan.prefix)
 

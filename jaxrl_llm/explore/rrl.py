@@ -1,0 +1,249 @@
+"""RRL on the exploration seam (ALGORITHMS.md §3): a replay array of promising prefix states cut from
+the responses of unsolved prompts, continued in later steps.
+
+State (a pytree, checkpointed with the run): the replay array (explore/replay.py, laid out over the
+mesh's batch axes) and per-prompt trackers over the training set (fresh rollouts solved and sampled,
+the success of the prompt's last fresh group, how it was first solved). Each step:
+
+    plan     after `warmup_steps`, k = floor(replay_ratio x u x N / continuations) states are drawn
+             by priority (u: the share of the batch's prompts not yet solved, unseen ones counting as
+             unsolved); k x continuations fresh slots are freed, one at a time from the largest
+             group (never below two rows), and given to continuation rows: the state's prompt, its
+             prefix as a given context, the freed slots' temperatures, one group per state. The
+             response budget counts the prefix, so a continuation may add max_new_tokens - prefix.
+    observe  continuation rewards update the replayed states' values, then backtracking; states of
+             prompts whose fresh group reached `unsolved_below` are dropped (and stale ones, with
+             `max_age`); every response of a still-unsolved prompt (fresh or continued) is cut at
+             step boundaries (explore/cuts.py), `prefixes_per_response` cuts kept, prior = its reward
+             as scored (partial credit when on); optionally the reference solution too (prior 1).
+
+Shapes are fixed for the run (states drawn: always k_max, candidates: N x prefixes per response),
+and the trainer pads contexts to one length and count bucket, so nothing compiles after warm-up.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jaxrl_llm.config import RRLSection
+from jaxrl_llm.explore.base import Explorer, Setup, StepInfo
+from jaxrl_llm.explore.cuts import boundary_table, cut_lengths, spread
+from jaxrl_llm.explore.replay import ReplayState, empty, jitted, state_shardings
+from jaxrl_llm.explore.rows import RowPlan, Rollouts
+from jaxrl_llm.sampling.sampler import FINISH_STOP, row_key_data
+
+MIN_FRESH_GROUP = 2  # freeing slots never leaves a fresh group below this (an advantage needs two rows)
+NEVER, BY_FRESH, BY_REPLAY = 0, 1, 2  # RRLState.first_solved
+
+
+@struct.dataclass
+class RRLState:
+    replay: ReplayState
+    fresh_solved: jax.Array  # [P] float32 solved fresh rollouts of each training prompt so far
+    fresh_count: jax.Array  # [P] float32 fresh rollouts so far
+    last_success: jax.Array  # [P] float32 success rate of the prompt's last fresh group; -1: never sampled
+    first_solved: jax.Array  # [P] int32 NEVER, BY_FRESH or BY_REPLAY (a continuation of a replayed state)
+    replay_rows: jax.Array  # () int32 continuation rows so far
+    replay_solved: jax.Array  # () int32 solved continuation rows so far
+
+
+def solved(rewards) -> np.ndarray:
+    return np.asarray(rewards) >= 1.0 - 1e-6
+
+
+def free_slots(group: np.ndarray, count: int, floor: int = MIN_FRESH_GROUP) -> np.ndarray:
+    """Indices of `count` rows to free from the groups `group` [N]: one at a time from the currently
+    largest group (ties: the higher group id), each group's last rows first, no group below `floor`.
+    Fewer when the groups cannot give that many."""
+    ids, inverse = np.unique(group, return_inverse=True)
+    left = np.bincount(inverse).astype(np.int64)
+    take = np.zeros_like(left)
+    for _ in range(count):
+        room = left - take
+        if room.max() <= floor:
+            break
+        g = len(room) - 1 - int(np.argmax(room[::-1]))
+        take[g] += 1
+    freed = []
+    for g in range(len(ids)):
+        if take[g]:
+            freed.extend(np.flatnonzero(inverse == g)[-take[g]:].tolist())
+    return np.sort(np.asarray(freed, np.int64))
+
+
+class RRL(Explorer):
+    name = "rrl"
+
+    def __init__(self, cfg: RRLSection):
+        self.cfg = cfg
+        self._pending: dict | None = None
+
+    def min_group_size(self) -> int | None:
+        return min(MIN_FRESH_GROUP, self.cfg.continuations)
+
+    def extra_contexts(self) -> int:
+        return self.k_max
+
+    def prefix_tokens(self) -> int:
+        return self.max_prefix
+
+    # -- state --------------------------------------------------------------------------------------
+    def init(self, setup: Setup) -> RRLState:
+        c = self.cfg
+        self.setup = setup
+        self.max_prefix = max(1, min(c.max_prefix_tokens, setup.max_new_tokens - 1))
+        self.k_max = int(c.replay_ratio * setup.rows) // c.continuations
+        if c.boundary != "tokens" and setup.tokenizer is None:
+            raise ValueError(f"explore.rrl.boundary={c.boundary!r} needs the run's tokenizer")
+        self.table = boundary_table(setup.tokenizer, setup.vocab_size, c.boundary)
+        self.references: list[np.ndarray] = []
+        if c.reference_prefixes:
+            self.references = [np.asarray(setup.tokenizer(it.reference, add_special_tokens=False)["input_ids"]
+                                          if it.reference else [], np.int32) for it in setup.items]
+        self.num_candidates = (setup.rows + (setup.prompts_per_step if c.reference_prefixes else 0)) \
+            * c.prefixes_per_response
+        shardings = state_shardings(setup.mesh, c.capacity) if setup.mesh is not None else None
+        self.ops = jitted(shardings)
+        replay = empty(c.capacity, self.max_prefix)
+        if shardings is not None:
+            replay = jax.device_put(replay, shardings)
+        p = setup.num_items
+        return RRLState(replay=replay, fresh_solved=jnp.zeros((p,), jnp.float32),
+                        fresh_count=jnp.zeros((p,), jnp.float32), last_success=jnp.full((p,), -1.0, jnp.float32),
+                        first_solved=jnp.zeros((p,), jnp.int32), replay_rows=jnp.zeros((), jnp.int32),
+                        replay_solved=jnp.zeros((), jnp.int32))
+
+    # -- before sampling ----------------------------------------------------------------------------
+    def plan(self, state: RRLState, plan: RowPlan, info: StepInfo) -> RowPlan:
+        c = self.cfg
+        last = np.asarray(state.last_success)[np.asarray(info.prompt_ids)]
+        unsolved = float(np.mean(last < c.unsolved_below))
+        self._pending = {"step": info.step, "unsolved_share": unsolved, "states": 0}
+        if info.step <= c.warmup_steps or self.k_max == 0:
+            return plan
+        k = min(self.k_max, int(c.replay_ratio * unsolved * plan.rows) // c.continuations)
+        slots, valid = self.ops.sample(state.replay, jax.random.fold_in(info.key, 0), k=self.k_max, c_ucb=c.c_ucb,
+                                       temperature=c.priority_temperature, now=info.step - 1,
+                                       age_penalty=c.age_penalty)
+        slots = np.asarray(slots)[:k][np.asarray(valid)[:k]]  # the k best draws (top-k order), occupied ones
+        fresh = np.flatnonzero(~plan.replayed & ~plan.hindsight)
+        freed = fresh[free_slots(plan.group[fresh], len(slots) * c.continuations)]
+        slots = slots[:len(freed) // c.continuations]
+        k = len(slots)
+        if k == 0:
+            return plan
+        freed = freed[:k * c.continuations]
+        r = state.replay
+        length = np.asarray(r.length[slots])
+        tokens = np.asarray(r.tokens[slots])
+        value = np.asarray((r.prior[slots] + r.value_sum[slots]) / (1.0 + r.visits[slots]))
+        n = k * c.continuations
+        first_group = int(plan.group.max()) + 1
+        state_of_row = np.repeat(np.arange(k), c.continuations)
+        replay_plan = RowPlan(prompt=np.asarray(r.prompt[slots])[state_of_row].astype(plan.prompt.dtype),
+                              group=(first_group + state_of_row).astype(plan.group.dtype),
+                              temperature=plan.temperature[freed].copy(),
+                              prefix=tuple(tuple(int(t) for t in tokens[j, :length[j]]) for j in state_of_row),
+                              replayed=np.ones(n, bool), hindsight=np.zeros(n, bool),
+                              row_keys=np.asarray(row_key_data(jax.random.fold_in(info.key, 1), n)))
+        keep = np.setdiff1d(np.arange(plan.rows), freed)
+        self._pending.update(states=k, slots=slots, groups=first_group + np.arange(k), value=value)
+        return RowPlan.concat([plan.take(keep), replay_plan])
+
+    # -- after the update ---------------------------------------------------------------------------
+    def _candidates(self, rollouts: Rollouts, unsolved_P: np.ndarray, batch_unsolved: np.ndarray):
+        """Padded insert arguments: cuts of the responses of unsolved prompts (and their references)."""
+        c, plan, out = self.cfg, rollouts.plan, rollouts.out
+        k, t = self.num_candidates, self.max_prefix
+        tokens = np.zeros((k, t), np.int32)
+        length, prompt = np.zeros(k, np.int32), np.zeros(k, np.int32)
+        prior, valid = np.zeros(k, np.float32), np.zeros(k, bool)
+        j = 0
+
+        def add(item, response, p):
+            nonlocal j
+            for cut in spread(cut_lengths(response, self.table, c.boundary, c.every_tokens, t), c.prefixes_per_response):
+                tokens[j, :cut] = response[:cut]
+                length[j], prompt[j], prior[j], valid[j] = cut, item, p, True
+                j += 1
+
+        stop = out.context_len + out.num_generated
+        for i in range(plan.rows):
+            if plan.hindsight[i] or not unsolved_P[plan.prompt[i]]:
+                continue
+            end = int(stop[i]) - (1 if out.finish_reason[i] == FINISH_STOP and out.num_generated[i] > 0 else 0)
+            add(int(plan.prompt[i]), out.tokens[i, int(out.prompt_len[i]):end], float(rollouts.scored[i]))
+        for item in batch_unsolved if self.references else ():
+            if len(self.references[item]):
+                add(int(item), self.references[item], 1.0)
+        return tokens, length, prompt, prior, valid
+
+    def observe(self, state: RRLState, rollouts: Rollouts, info: StepInfo) -> tuple[RRLState, dict]:
+        c, plan = self.cfg, rollouts.plan
+        p = self.setup.num_items
+        pending = self._pending if self._pending and self._pending["step"] == info.step else {"states": 0}
+        ok = solved(rollouts.scored)
+        fresh = ~plan.replayed & ~plan.hindsight
+        step_solved = np.bincount(plan.prompt[fresh], weights=ok[fresh], minlength=p)
+        step_count = np.bincount(plan.prompt[fresh], minlength=p).astype(np.float64)
+        seen = step_count > 0
+        last = np.asarray(state.last_success).copy()
+        last[seen] = step_solved[seen] / step_count[seen]
+        fresh_solved = np.asarray(state.fresh_solved) + step_solved
+        fresh_count = np.asarray(state.fresh_count) + step_count
+        first = np.asarray(state.first_solved).copy()
+        by_fresh = np.bincount(plan.prompt, weights=ok & fresh, minlength=p) > 0
+        by_replay = np.bincount(plan.prompt, weights=ok & plan.replayed, minlength=p) > 0
+        first[(first == NEVER) & by_fresh] = BY_FRESH
+        first[(first == NEVER) & by_replay] = BY_REPLAY
+
+        replay, metrics = state.replay, {}
+        k = pending["states"]
+        cont = plan.replayed
+        if k:
+            sums, counts = np.zeros(self.k_max, np.float32), np.zeros(self.k_max, np.float32)
+            for j, g in enumerate(pending["groups"]):
+                rows = plan.group == g
+                sums[j], counts[j] = rollouts.scored[rows].sum(), rows.sum()
+            slots = np.zeros(self.k_max, np.int32)
+            slots[:k] = pending["slots"]
+            valid = np.arange(self.k_max) < k
+            replay = self.ops.update_values(replay, jnp.asarray(slots), jnp.asarray(sums), jnp.asarray(counts),
+                                            jnp.asarray(valid))
+            replay, bt = self.ops.backtrack(replay, jnp.asarray(slots), jnp.asarray(valid), float(c.min_visits),
+                                            float(c.backtrack_margin))
+            same = fresh_count[plan.prompt[cont]] > 0
+            metrics.update({
+                "rrl_replay_value": float(np.mean(pending["value"])), "rrl_demoted": int(bt["demoted"]),
+                "rrl_continuation_success": float(ok[cont].mean()),
+                "rrl_fresh_success_same_prompts": float(np.mean(fresh_solved[plan.prompt[cont]][same]
+                                                               / fresh_count[plan.prompt[cont]][same]))
+                if same.any() else float("nan")})
+        drops_before = int(replay.drops)
+        now_solved = seen & (last >= c.unsolved_below)
+        replay = self.ops.drop_prompts(replay, jnp.asarray(now_solved))
+        if c.max_age:
+            replay = self.ops.drop_older(replay, jnp.int32(info.step - 1 - c.max_age))
+        unsolved_P = last < c.unsolved_below  # never-sampled prompts only appear here through replay
+        batch = np.asarray(info.prompt_ids)
+        cand = self._candidates(rollouts, unsolved_P, batch[seen[batch] & unsolved_P[batch]])
+        replay, ins = self.ops.insert(replay, *map(jnp.asarray, cand), jnp.int32(info.step), jnp.int32(info.step - 1),
+                                      jnp.float32(c.c_ucb))
+        new = RRLState(replay=replay, fresh_solved=jnp.asarray(fresh_solved, jnp.float32),
+                       fresh_count=jnp.asarray(fresh_count, jnp.float32), last_success=jnp.asarray(last, jnp.float32),
+                       first_solved=jnp.asarray(first, jnp.int32),
+                       replay_rows=state.replay_rows + jnp.int32(cont.sum()),
+                       replay_solved=state.replay_solved + jnp.int32((ok & cont).sum()))
+        metrics.update({
+            "rrl_fill": int((np.asarray(replay.length) > 0).sum()), "rrl_candidates": int(cand[4].sum()),
+            "rrl_inserted": int(ins["inserted"]), "rrl_evicted": int(ins["evicted"]),
+            "rrl_duplicates": int(ins["duplicates"]), "rrl_dropped": int(replay.drops) - drops_before,
+            "rrl_replayed_states": int(k), "rrl_replay_rows": int(cont.sum()),
+            "rrl_unsolved_share": float(self._pending["unsolved_share"]) if self._pending else float("nan"),
+            "rrl_solved_first_via_replay": int((first == BY_REPLAY).sum()),
+            "rrl_prompts_solved": int((first != NEVER).sum())})
+        self._pending = None
+        return new, metrics

@@ -1,0 +1,90 @@
+"""RRL in the trainer and the sampler: continuation rows continue their stored prefix exactly as if
+prompt + prefix were the prompt, the prefix carries no loss, E3 + RRL replay every step after warm-up
+without compiling anything new, and a run stopped by SIGTERM and resumed equals an uninterrupted one,
+the replay array bit for bit."""
+
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+from flax import nnx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_e3 import _compilations  # noqa: E402
+from test_trainer import _sigterm_after_row, _tiny_cfg, _train_rows  # noqa: E402
+
+from jaxrl_llm.config import load_config  # noqa: E402
+from jaxrl_llm.explore.rows import RowPlan, Rollouts  # noqa: E402
+from jaxrl_llm.train.loop import Run  # noqa: E402
+from jaxrl_llm.train.rollout import sample_plan, update_rows, with_advantages  # noqa: E402
+
+
+def test_continuations_sample_like_prompt_plus_prefix_and_carry_no_prefix_loss(tiny_sampler):
+    sampler, state = tiny_sampler
+    cfg = load_config(None, ["rollout.max_new_tokens=6", "rollout.top_p=1.0", "rollout.top_k=0"])
+    prompts = [[5, 6, 7], [9, 10]]
+    plan = RowPlan.groups([2, 3], 1.0, jax.random.key(4), prompt_ids=[0, 1])
+    prefix = ((), (), (11, 12), (11, 12), (13,))
+    plan = RowPlan(prompt=plan.prompt, group=plan.group, temperature=plan.temperature, prefix=prefix,
+                   replayed=np.array([len(p) > 0 for p in prefix]), hindsight=np.zeros(5, bool),
+                   row_keys=plan.row_keys)
+    out = sample_plan(sampler, state, cfg, prompts, plan)
+    # the same rows sampled with prompt + prefix as their prompt (row keys travel with the rows)
+    alone = sampler(state, [prompts[p] + list(x) for p, x in zip(plan.prompt, prefix)],
+                    max_new_tokens=np.array([6, 6, 4, 4, 5]), temperature=1.0,
+                    row_keys=jax.random.wrap_key_data(plan.row_keys))
+    for i in range(5):
+        assert out.generated(i) == alone.generated(i)
+        assert out.num_generated[i] <= 6 - len(prefix[i])  # the prefix counts against the budget
+        ctx = out.context_len[i]
+        assert out.tokens[i, out.prompt_len[i]:ctx].tolist() == list(prefix[i])
+        np.testing.assert_allclose(out.logprobs[i, ctx:ctx + out.num_generated[i]],
+                                   alone.logprobs[i, ctx:ctx + alone.num_generated[i]], rtol=1e-6, atol=1e-6)
+    r = with_advantages(Rollouts(plan, out, np.array([1, 0, 1, 0, 1], np.float32), ("",) * 5), "grpo")
+    rows = update_rows(r)
+    assert not (rows.loss_mask & out.prefix_mask).any()
+    np.testing.assert_array_equal(rows.loss_mask, out.response_mask)
+    np.testing.assert_array_equal(rows.context_len, out.prompt_len + np.array([len(p) for p in prefix]))
+
+
+def _rrl_cfg(tmp_path, *extra):
+    """4 prompts of 8 rollouts a step, E3 on; RRL cuts every token of the 4-token responses, replays
+    up to 4 states x 4 continuations from step 2 on."""
+    return _tiny_cfg(tmp_path, "rollout.group_size=8", "rollout.max_new_tokens=4", "algo.micro_batch=32",
+                     "explore.e3.enabled=true", "explore.rrl.enabled=true", "explore.rrl.boundary=tokens",
+                     "explore.rrl.every_tokens=1", "explore.rrl.warmup_steps=1", "explore.rrl.replay_ratio=0.5",
+                     "explore.rrl.capacity=64", "explore.rrl.priority_temperature=0.5", "train.steps=6",
+                     "train.checkpoint_every=100", "eval.every=100", *extra)
+
+
+def test_rrl_replays_without_recompiling_and_resumes_exactly(tmp_path):
+    whole = _rrl_cfg(tmp_path / "a")
+    run = Run(whole, log=lambda *a: None)
+    run.train()
+    rows = _train_rows(whole.train.out_dir)
+    assert rows[1]["rrl_replay_rows"] == 0 and rows[1]["rrl_inserted"] > 0  # warm-up: collect only
+    assert all(rows[s]["rrl_replay_rows"] == 16 for s in range(2, 7)), [rows[s]["rrl_replay_rows"] for s in rows]
+    # E3 plans 4 groups of 8 (bounds (8, 8) in the first epoch); RRL frees 16 of their slots evenly
+    assert rows[1]["e3_group_size_hist"][8] == 4 and all(rows[s]["e3_group_size_hist"][4] == 4 for s in range(2, 7))
+    counts = _compilations(whole.train.out_dir)  # step 2 is the first with replay rows: flat from there
+    assert counts[1:] == [counts[1]] * (len(counts) - 1), counts
+    fill = [rows[s]["rrl_fill"] for s in sorted(rows)]
+    assert fill[-1] > fill[0] > 0, fill
+
+    stopped = _rrl_cfg(tmp_path / "b")
+    _sigterm_after_row(tmp_path, stopped, '"step": 3, "kind": "train"')
+    logs = []
+    resumed = Run(stopped, log=logs.append)
+    resumed.train()
+    assert any(ln.startswith("resumed from") for ln in logs), logs
+    timing = ("time", "_per_s", "compilations")
+    b = _train_rows(stopped.train.out_dir)
+    assert sorted(b) == sorted(rows) == list(range(1, 7))
+    for s in rows:
+        assert {k: v for k, v in rows[s].items() if not any(t in k for t in timing)} == \
+            {k: v for k, v in b[s].items() if not any(t in k for t in timing)}, s
+    same = lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y))  # noqa: E731
+    jax.tree.map(same, jax.device_get(run.state.explore), jax.device_get(resumed.state.explore))
+    jax.tree.map(same, jax.device_get(nnx.to_pure_dict(run.state.params)),
+                 jax.device_get(nnx.to_pure_dict(resumed.state.params)))

@@ -1,0 +1,192 @@
+"""RRL's pieces without a model: freeing slots, cutting responses into prefix states, the replay
+plan (which states, which slots, which prefixes, keys and temperatures) and what a step's scored
+rollouts do to the array (values, drops, inserts, first-solved attribution), each against a brute
+force or a hand-built case."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from jaxrl_llm.config import RRLSection
+from jaxrl_llm.data.worked import first_error, parse_terms, step_profile, steps, worked_solution
+from jaxrl_llm.explore.base import Setup, StepInfo
+from jaxrl_llm.explore.cuts import boundary_table, cut_lengths, spread
+from jaxrl_llm.explore.rows import RowPlan, Rollouts
+from jaxrl_llm.explore.rrl import BY_FRESH, BY_REPLAY, NEVER, RRL, free_slots
+from jaxrl_llm.sampling.sampler import FINISH_LENGTH, FINISH_STOP, SampleOutput
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_free_slots_levels_the_largest_groups(seed):
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 12, size=rng.integers(2, 9))
+    group = np.repeat(np.arange(len(sizes)), sizes)
+    count = int(rng.integers(0, sizes.sum()))
+    freed = free_slots(group, count)
+    left = sizes - np.bincount(group[freed], minlength=len(sizes))
+    room = int(np.maximum(sizes - 2, 0).sum())
+    assert len(freed) == min(count, room) and len(set(freed.tolist())) == len(freed)
+    assert (left >= np.minimum(sizes, 2)).all()
+    # the largest remaining group is as small as freeing that many rows can make it (brute force)
+    best = min(level for level in range(1, sizes.max() + 1) if np.maximum(sizes - level, 0).sum() <= len(freed))
+    assert left.max() == max(best, min(sizes.max(), 2))
+    for g in range(len(sizes)):  # a group gives its last rows
+        rows = np.flatnonzero(group == g)
+        assert set(freed) & set(rows) == set(rows[left[g]:])
+
+
+class _CharTok:
+    def decode(self, ids):
+        if ids[0] >= 8:
+            raise IndexError(ids)
+        return ["a", "b\n", ".", "c", " ", "?", "x.", "\n\n"][ids[0]]
+
+
+def test_boundary_table_and_cuts():
+    lines = boundary_table(_CharTok(), 10, "line")
+    sentences = boundary_table(_CharTok(), 10, "sentence")
+    assert lines.tolist() == [False, True, False, False, False, False, False, True, False, False]
+    assert sentences.tolist() == [False, True, True, False, False, True, True, True, False, False]
+    resp = np.array([0, 1, 3, 2, 0, 7, 3, 1])
+    assert cut_lengths(resp, lines, "line", 0, 100).tolist() == [2, 6]  # not the full response (8)
+    assert cut_lengths(resp, sentences, "sentence", 0, 100).tolist() == [2, 4, 6]
+    assert cut_lengths(resp, sentences, "sentence", 0, 5).tolist() == [2, 4]
+    assert cut_lengths(resp, lines, "tokens", 3, 100).tolist() == [3, 6]
+    for c in range(0, 9):
+        lengths = np.arange(1, c + 1) * 3
+        for k in (1, 2, 3):
+            got = spread(lengths, k)
+            assert len(got) == min(c, k) and set(got) <= set(lengths) and (np.diff(got) > 0).all()
+            if c > k >= 2:
+                assert got[0] == lengths[0] and got[-1] == lengths[-1]
+
+
+def _setup(**kw):
+    base = dict(num_items=6, prompts_per_step=4, group_size=8, rows=32, total_steps=10, steps_per_epoch=1,
+                vocab_size=50, temperature=1.0, max_new_tokens=8)
+    return Setup(**{**base, **kw})
+
+
+def _rrl(**kw):
+    cfg = RRLSection(**{**dict(enabled=True, boundary="tokens", every_tokens=1, replay_ratio=0.5, continuations=4,
+                               warmup_steps=0, capacity=16, max_prefix_tokens=5, priority_temperature=0.0), **kw})
+    rrl = RRL(cfg)
+    return rrl, rrl.init(_setup())
+
+
+def _insert(rrl, state, prefixes, prompts, priors):
+    t = rrl.max_prefix
+    tok = np.zeros((len(prefixes), t), np.int32)
+    for i, p in enumerate(prefixes):
+        tok[i, :len(p)] = p
+    replay, _ = rrl.ops.insert(state.replay, tok, np.array([len(p) for p in prefixes], np.int32),
+                               np.array(prompts, np.int32), np.array(priors, np.float32), np.ones(len(prefixes), bool),
+                               1, 0, rrl.cfg.c_ucb)
+    return state.replace(replay=replay)
+
+
+def test_plan_replaces_fresh_slots_with_continuations():
+    rrl, state = _rrl()
+    assert rrl.k_max == 4 and rrl.max_prefix == 5
+    state = _insert(rrl, state, [(7, 8), (9,), (3, 4, 5)], [0, 5, 1], [0.9, 0.5, 0.1])
+    key = jax.random.key(0)
+    base = RowPlan.groups([8] * 4, 1.0, key, prompt_ids=[0, 1, 2, 3])
+    base = dataclasses.replace(base, temperature=np.arange(32, dtype=np.float32))
+    info = StepInfo(step=2, prompt_ids=np.array([0, 1, 2, 3]), key=jax.random.key(1))
+    plan = rrl.plan(state, base, info)
+    rep = plan.replayed
+    assert plan.rows == 32 and rep.sum() == 12  # 3 occupied states x 4 (k_max = 4 asked)
+    fresh_sizes = np.bincount(plan.group[~rep])
+    assert fresh_sizes.tolist() == [5, 5, 5, 5]
+    # states by priority (top-k: prior + the same bonus): prompts 0, 5, 1 with their prefixes
+    got = [(int(plan.prompt[i]), plan.prefix[i], int(plan.group[i])) for i in np.flatnonzero(rep)]
+    assert got == [(0, (7, 8), 4)] * 4 + [(5, (9,), 5)] * 4 + [(1, (3, 4, 5), 6)] * 4
+    assert all(p == () for p, r in zip(plan.prefix, rep) if not r)
+    # replay rows take the freed slots' temperatures; kept fresh rows keep their keys and temperatures
+    kept = [i for g in range(4) for i in range(8 * g, 8 * g + 5)]
+    np.testing.assert_array_equal(plan.temperature[~rep], kept)
+    assert sorted(plan.temperature[rep].tolist()) == sorted(set(range(32)) - set(kept))
+    np.testing.assert_array_equal(plan.row_keys[~rep], base.row_keys[kept])
+    # half the batch solved: half the replay; during warm-up none
+    solved = state.replace(last_success=state.last_success.at[np.array([0, 1])].set(1.0))
+    assert rrl.plan(solved, base, info).replayed.sum() == 8
+    rrl_w, _ = _rrl(warmup_steps=2)
+    assert rrl_w.plan(state, base, info) is base
+
+
+def _rollouts(plan, responses, rewards, stop):
+    """Rollouts of `plan` whose row i generated responses[i] after a 2-token prompt and its prefix."""
+    n, width = plan.rows, 32
+    tokens = np.zeros((n, width), np.int32)
+    prefix_len = np.array([len(p) for p in plan.prefix], np.int32)
+    for i in range(n):
+        row = [1, 2] + list(plan.prefix[i]) + list(responses[i])
+        tokens[i, :len(row)] = row
+    out = SampleOutput(tokens=tokens, prompt_len=np.full(n, 2, np.int32), prefix_len=prefix_len,
+                       num_generated=np.array([len(r) for r in responses], np.int32),
+                       logprobs=np.zeros((n, width), np.float32), entropy=np.zeros((n, width), np.float32),
+                       finish_reason=np.where(stop, FINISH_STOP, FINISH_LENGTH), temperature=plan.temperature)
+    r = np.asarray(rewards, np.float32)
+    return Rollouts(plan, out, r, ("",) * n)
+
+
+def test_observe_updates_values_drops_solved_and_inserts_cuts():
+    rrl, state = _rrl(capacity=64)  # room for every cut: nothing evicted
+    state = _insert(rrl, state, [(7, 8), (9,), (3, 4, 5)], [0, 5, 1], [0.9, 0.5, 0.1])
+    info = StepInfo(step=2, prompt_ids=np.array([0, 1, 2, 3]), key=jax.random.key(1))
+    plan = rrl.plan(state, RowPlan.groups([8] * 4, 1.0, jax.random.key(0), prompt_ids=[0, 1, 2, 3]), info)
+    rep = plan.replayed
+    rewards = np.zeros(32, np.float32)
+    rewards[(plan.prompt == 0) & ~rep] = 1.0  # prompt 0 solved by its fresh rows: its states go
+    rewards[np.flatnonzero((plan.prompt == 5) & rep)[:3]] = 1.0  # prompt 5 first solved by replay
+    rewards[np.flatnonzero((plan.prompt == 1) & rep)[:1]] = 0.25  # partial credit on a continuation
+    responses = [(20 + i % 5, 30, 40, 41, 42, 43)[: 2 + i % 4] for i in range(32)]
+    stop = np.arange(32) % 2 == 0
+    new, m = rrl.observe(state, _rollouts(plan, responses, rewards, stop), info)
+    r = jax.device_get(new.replay)
+    live = r.length > 0
+    # values of the replayed states (prompt 0's state is gone with its solved prompt)
+    by_prefix = {(int(r.prompt[i]), tuple(r.tokens[i, :r.length[i]].tolist())): i for i in np.flatnonzero(live)}
+    s5, s1 = by_prefix[(5, (9,))], by_prefix[(1, (3, 4, 5))]
+    assert (r.visits[s5], r.value_sum[s5]) == (4.0, 3.0) and (r.visits[s1], r.value_sum[s1]) == (4.0, 0.25)
+    assert not any(p == 0 for p, _ in by_prefix) and m["rrl_dropped"] == 1
+    # inserted: cuts of the responses of unsolved prompts (1, 2, 3 fresh; 1 and 5 continued), brute force
+    want = set()
+    for i in range(32):
+        if plan.prompt[i] == 0:
+            continue
+        resp = list(plan.prefix[i]) + list(responses[i])
+        resp = resp[:-1] if stop[i] and responses[i] else resp
+        lengths = [n for n in range(1, len(resp)) if n <= 5]
+        for n in spread(np.array(lengths, int), 2):
+            want.add((int(plan.prompt[i]), tuple(resp[:n])))
+    assert set(by_prefix) == want | {(5, (9,)), (1, (3, 4, 5))}
+    assert m["rrl_inserted"] == len(want - {(5, (9,)), (1, (3, 4, 5))})
+    first = np.asarray(new.first_solved)
+    assert first[0] == BY_FRESH and first[5] == BY_REPLAY and first[1] == NEVER
+    assert m["rrl_solved_first_via_replay"] == 1 and m["rrl_replay_rows"] == 12 and m["rrl_replayed_states"] == 3
+    assert m["rrl_continuation_success"] == pytest.approx(3 / 12)
+    np.testing.assert_allclose(np.asarray(new.last_success)[:4], [1, 0, 0, 0])
+    assert np.asarray(new.last_success)[5] == -1  # continuations do not count as the prompt's fresh success
+
+
+def test_worked_steps_and_profile():
+    assert parse_terms("4 - 1 - 17 + 7") == [4, -1, -17, 7]
+    for bad in ("(1 + 2)", "1 * 2", "- 1 + 2", "1 +", ""):
+        with pytest.raises(ValueError):
+            parse_terms(bad)
+    assert steps("12 + 7 - 30") == [("12+7=19", 19), ("19-30=-11", -11)]
+    entry = {"metadata": {"expression": "12 + 7 - 30 + 5"}}
+    assert worked_solution("basic_arithmetic", entry, "steps") == "12+7=19\n19-30=-11\n-11+5=-6"
+    with pytest.raises(ValueError, match="not defined"):
+        worked_solution("chain_sum", entry, "steps")
+    expr = "12 + 7 - 30 + 5"
+    responses = ["12+7=19\n19-30=-11\n-11+5=-6", "12+7=19\n19-30=-12\n-12+5=-7", "12+7=18", "12 + 7=19\n19-30=-11"]
+    assert [first_error(r, expr) for r in responses] == [3, 1, 0, 2]
+    prof = step_profile(responses, [expr] * 4, [True, False, False, False])
+    assert prof["reach_1"] == 0.75 and prof["reach_2"] == 0.5 and prof["reach_3"] == 0.25
+    assert prof["cond_2"] == pytest.approx(2 / 3) and prof["cond_3"] == 0.5
+    assert prof["first_error_1"] == pytest.approx(1 / 3) and prof["first_error_2"] == pytest.approx(1 / 3)
+    assert prof["first_error_3"] == pytest.approx(1 / 3) and prof["late_failure_share"] == pytest.approx(2 / 3)
