@@ -87,6 +87,8 @@ def _cmd_bench(args) -> int:
         from jaxrl_llm.bench.sampler_bench import main as bench_main
     elif args.what == "step":
         from jaxrl_llm.bench.step_bench import main as bench_main
+    elif args.what == "replay":
+        from jaxrl_llm.bench.replay_bench import main as bench_main
     else:
         from jaxrl_llm.bench.memory import main as bench_main
     return bench_main(args.rest)
@@ -126,8 +128,8 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="parameter dtype")
     p.set_defaults(fn=_cmd_sample)
 
-    p = sub.add_parser("bench", help="benchmarks: `bench sampler|step|memory --help`")
-    p.add_argument("what", choices=("sampler", "step", "memory"),
+    p = sub.add_parser("bench", help="benchmarks: `bench sampler|step|memory|replay --help`")
+    p.add_argument("what", choices=("sampler", "step", "memory", "replay"),
                    help="sampler: ours vs transformers generate; step: a training step's phases with the shared "
                         "prefix on and off; memory: XLA's memory analysis of the update")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own options")

@@ -304,3 +304,18 @@ def test_end_to_end_two_arms_through_the_real_trainer(tmp_path, monkeypatch, cap
     capsys.readouterr()
     assert ablate.main([str(spec_path), "--dry-run"]) == 0
     assert capsys.readouterr().out.count("# done:") == 2
+
+
+def test_replay_column_is_the_last_train_rows_count_and_shown_only_when_recorded(tmp_path):
+    spec = ablate.load_spec(_write_spec(tmp_path, SPEC.replace("seeds: [0, 1, 2]", "seeds: [0]")))
+    ev = [(0, _eval(0.1, 0.1, 0.5, {1: 0.1})), (2, _eval(0.2, 0.2, 0.4, {1: 0.2}))]
+    _write_run(spec.run_dir("a", 0), 2, ev, [{"sampled_tokens": 5, "time_step_s": 1.0}] * 2)
+    _write_run(spec.run_dir("b", 0), 2, ev, [{"sampled_tokens": 5, "time_step_s": 1.0,
+                                              "rrl_solved_first_via_replay": n} for n in (2, 7)])
+    runs, missing = ablate.collect(spec)
+    summaries = {r.arm: ablate.run_summary(r.rows, r.steps)["final"] for r in runs}
+    assert "rrl_solved_first_via_replay" not in summaries["a"] and summaries["b"]["rrl_solved_first_via_replay"] == 7
+    text = ablate.format_markdown(spec, ablate.arm_table(spec, runs), runs, missing)
+    assert "solved first via replay" in text and "| 7.0" in text
+    plain = ablate.format_markdown(spec, ablate.arm_table(spec, runs[:1]), runs[:1], missing)
+    assert "solved first via replay" not in plain

@@ -413,3 +413,36 @@ def test_sharded_equals_single_device():
         got, want = getattr(sharded, f).sharding, getattr(shardings, f)
         assert got.is_equivalent_to(want, getattr(sharded, f).ndim), f
     assert snapshot(sharded)["inserts"] > C  # the array filled up and evicted
+
+
+def test_drop_older_and_age_penalty():
+    """Stale states: drop_older empties exactly the slots from policy versions below the bound; the
+    age penalty lowers a state's draw score by age_penalty per step of age (greedy draws reorder)."""
+    prior = np.array([0.9, 0.8, 0.7, 0.6], np.float32)
+    state = replay.empty(8, T)
+    for version, rows in ((1, [0, 1]), (5, [2, 3])):  # states 0, 1 from version 1; 2, 3 from version 5
+        state, _ = replay.insert(state, np.full((2, T), 1 + version, np.int32), np.array([1, 2]), np.array(rows),
+                                 prior[rows], np.ones(2, bool), version, version, 0.0)
+    before = snapshot(state)
+    greedy = lambda s, **kw: np.asarray(replay.sample(s, jax.random.key(0), 4, 0.0, 0.0, **kw)[0])  # noqa: E731
+    order = lambda idx: before["prompt"][idx].tolist()  # noqa: E731
+    assert order(greedy(state)) == [0, 1, 2, 3]  # by prior
+    # at version 5, states of version 1 are 4 steps old: 0.9 - 0.06 x 4 = 0.66, 0.8 -> 0.56; 0.7 and 0.6 stay
+    assert order(greedy(state, now=5, age_penalty=0.06)) == [2, 0, 3, 1]
+    after = snapshot(OPS.drop_older(state, 5))
+    gone = (before["length"] > 0) & (before["version"] < 5)
+    assert gone.sum() == 2 and after["drops"] == 2
+    for f in FIELDS[:10]:
+        np.testing.assert_array_equal(after[f][~gone], before[f][~gone], err_msg=f)
+        assert not after[f][gone].any(), f
+
+
+def test_replay_bench_measures_every_operation():
+    from jaxrl_llm.bench.replay_bench import OPS as BENCH_OPS, full_state, measure
+
+    s = full_state(64, 8, 10)
+    assert (np.asarray(s.length) > 0).all()
+    np.testing.assert_array_equal(np.asarray(s.fingerprint), np.asarray(
+        replay._fingerprint(s.tokens, s.length, s.prompt)))
+    row = measure(64, 8, 16, 4, 10, repeats=1)
+    assert all(row[op] > 0 for op in BENCH_OPS)
