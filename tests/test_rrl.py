@@ -1,7 +1,7 @@
 """RRL in the trainer and the sampler: continuation rows continue their stored prefix exactly as if
 prompt + prefix were the prompt, the prefix carries no loss, E3 + RRL replay every step after warm-up
 without compiling anything new, and a run stopped by SIGTERM and resumed equals an uninterrupted one,
-the replay array bit for bit."""
+the replay array and E3's state bit for bit (the resume test of both explorers)."""
 
 import sys
 from pathlib import Path
@@ -11,8 +11,8 @@ import numpy as np
 from flax import nnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_e3 import _compilations  # noqa: E402
-from test_trainer import _sigterm_after_row, _tiny_cfg, _train_rows  # noqa: E402
+from test_e3 import _compilations, _e3_cfg  # noqa: E402
+from test_trainer import _sigterm_after_row, _train_rows  # noqa: E402
 
 from jaxrl_llm.config import load_config  # noqa: E402
 from jaxrl_llm.explore.rows import RowPlan, Rollouts  # noqa: E402
@@ -49,24 +49,31 @@ def test_continuations_sample_like_prompt_plus_prefix_and_carry_no_prefix_loss(t
 
 
 def _rrl_cfg(tmp_path, *extra):
-    """4 prompts of 8 rollouts a step, E3 on; RRL cuts every token of the 4-token responses, replays
-    up to 4 states x 4 continuations from step 2 on."""
-    return _tiny_cfg(tmp_path, "rollout.group_size=8", "rollout.max_new_tokens=4", "algo.micro_batch=32",
-                     "explore.e3.enabled=true", "explore.rrl.enabled=true", "explore.rrl.boundary=tokens",
-                     "explore.rrl.every_tokens=1", "explore.rrl.warmup_steps=1", "explore.rrl.replay_ratio=0.5",
-                     "explore.rrl.capacity=64", "explore.rrl.priority_temperature=0.5", "train.steps=6",
-                     "train.checkpoint_every=100", "eval.every=100", *extra)
+    """E3 + RRL on test_e3's 8 ranked prompts, 4 a step (an epoch is 2 steps: E3's bounds widen to
+    (4, 12) by step 4, ranks re-ranked every 2 steps), after 8 SFT steps; RRL cuts every token of the
+    4-token responses and replays up to 4 states x 4 continuations from step 2 on."""
+    return _e3_cfg(tmp_path, "rollout.max_new_tokens=4", "algo.micro_batch=32", "explore.e3.rank_every=2",
+                   "sft.steps=8", "sft.batch_size=8", "sft.lr=0.01", "explore.rrl.enabled=true",
+                   "explore.rrl.boundary=tokens", "explore.rrl.every_tokens=1", "explore.rrl.warmup_steps=1",
+                   "explore.rrl.replay_ratio=0.5", "explore.rrl.capacity=64", "explore.rrl.priority_temperature=0.5",
+                   "train.steps=7", "train.checkpoint_every=100", "eval.every=100", *extra)
 
 
-def test_rrl_replays_without_recompiling_and_resumes_exactly(tmp_path):
+def test_e3_rrl_replay_without_recompiling_and_resume_exactly(tmp_path):
+    """One run of E3 + RRL composed, then the same run stopped by SIGTERM after step 3 and resumed:
+    every metric, explorer state (E3's tracker, ranks, bounds, temperature and target; RRL's replay
+    array and trackers) and parameter equal. Plain GRPO's flat compilations and resume are
+    tests/test_trainer.py's."""
     whole = _rrl_cfg(tmp_path / "a")
     run = Run(whole, log=lambda *a: None)
     run.train()
     rows = _train_rows(whole.train.out_dir)
     assert rows[1]["rrl_replay_rows"] == 0 and rows[1]["rrl_inserted"] > 0  # warm-up: collect only
-    assert all(rows[s]["rrl_replay_rows"] == 16 for s in range(2, 7)), [rows[s]["rrl_replay_rows"] for s in rows]
-    # E3 plans 4 groups of 8 (bounds (8, 8) in the first epoch); RRL frees 16 of their slots evenly
-    assert rows[1]["e3_group_size_hist"][8] == 4 and all(rows[s]["e3_group_size_hist"][4] == 4 for s in range(2, 7))
+    assert all(rows[s]["rrl_replay_rows"] == 16 for s in range(2, 8)), [rows[s]["rrl_replay_rows"] for s in rows]
+    # E3 plans 32 fresh rows (bounds widening by epoch), RRL turns 16 of them into continuations
+    hist = {s: np.asarray(rows[s]["e3_group_size_hist"]) for s in rows}
+    assert all((hist[s] * np.arange(len(hist[s]))).sum() == (32 if s == 1 else 16) for s in rows), hist
+    assert [rows[s]["e3_n_max"] for s in (1, 3, 5)] == [8, 10, 12]
     counts = _compilations(whole.train.out_dir)  # step 2 is the first with replay rows: flat from there
     assert counts[1:] == [counts[1]] * (len(counts) - 1), counts
     fill = [rows[s]["rrl_fill"] for s in sorted(rows)]
@@ -77,14 +84,17 @@ def test_rrl_replays_without_recompiling_and_resumes_exactly(tmp_path):
     logs = []
     resumed = Run(stopped, log=logs.append)
     resumed.train()
-    assert any(ln.startswith("resumed from") for ln in logs), logs
+    where = [ln for ln in logs if ln.startswith("resumed from")]
+    assert where and int(where[0].split("RL step ")[1].rstrip(")")) < 7, logs
     timing = ("time", "_per_s", "compilations")
     b = _train_rows(stopped.train.out_dir)
-    assert sorted(b) == sorted(rows) == list(range(1, 7))
+    assert sorted(b) == sorted(rows) == list(range(1, 8))
     for s in rows:
         assert {k: v for k, v in rows[s].items() if not any(t in k for t in timing)} == \
             {k: v for k, v in b[s].items() if not any(t in k for t in timing)}, s
     same = lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y))  # noqa: E731
     jax.tree.map(same, jax.device_get(run.state.explore), jax.device_get(resumed.state.explore))
+    ranks = np.asarray(run.state.explore["e3"].rank)
+    assert not np.allclose(ranks, np.arange(8) / 7), ranks  # re-ranked from rewards, not the data's seed
     jax.tree.map(same, jax.device_get(nnx.to_pure_dict(run.state.params)),
                  jax.device_get(nnx.to_pure_dict(resumed.state.params)))

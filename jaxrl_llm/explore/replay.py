@@ -29,8 +29,10 @@ backtrack with mean m_i = value_sum_i / visits_i over slots with at least `min_v
 
 Duplicates are found through a 64-bit fingerprint of (prompt, length, tokens) and confirmed by
 comparing tokens (past the length, tokens are ignored and stored as zeros), so no distinct state is
-ever taken for a duplicate; a duplicate is missed only on a 64-bit fingerprint collision. Slot indices returned by `sample` stay meaningful
-until the next `insert` or `drop_prompts`: call `update_values` and `backtrack` before those.
+ever taken for a duplicate; a duplicate is missed only on a 64-bit fingerprint collision. Slot
+indices returned by `sample` stay meaningful until the next `insert`, `drop_prompts` or
+`drop_older`: call `update_values` and `backtrack` before those. `drop_older` empties states whose
+prefix came from a policy version below a bound (stale states).
 Costs: insert O(K C + K^2 + C log C), sample O(C log C), backtrack O(k C T), the rest O(C).
 """
 

@@ -165,7 +165,8 @@ class RRL(Explorer):
 
         def add(item, response, p):
             nonlocal j
-            for cut in spread(cut_lengths(response, self.table, c.boundary, c.every_tokens, t), c.prefixes_per_response):
+            cuts = cut_lengths(response, self.table, c.boundary, c.every_tokens, t)
+            for cut in spread(cuts, c.prefixes_per_response):
                 tokens[j, :cut] = response[:cut]
                 length[j], prompt[j], prior[j], valid[j] = cut, item, p, True
                 j += 1
