@@ -92,6 +92,8 @@ class AlgoSection:
     # true: old log-probs come from the trainer's own forward pass (one extra forward per step) instead of
     # the sampler's, so the first update's ratio is exactly 1 even when sampler and trainer numerics differ
     recompute_old_logp: bool = False
+    # HeRL revision rows (RowBatch.hindsight) are trained with -A rho / (rho + gamma), unclipped (ALGORITHMS.md §2)
+    hindsight_gamma: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -333,6 +335,7 @@ def _validate(cfg: Config, source: str) -> None:
     need((rows // cfg.algo.minibatches) % cfg.algo.micro_batch == 0 or cfg.algo.micro_batch >= rows,
          f"algo.micro_batch={cfg.algo.micro_batch} must divide the {rows // cfg.algo.minibatches} rows of a minibatch")
     need(0 <= cfg.algo.eps_low < 1 and cfg.algo.eps_high >= 0 and cfg.algo.dual_clip > 1, "bad clip settings")
+    need(cfg.algo.hindsight_gamma > 0, f"algo.hindsight_gamma={cfg.algo.hindsight_gamma} must be > 0")
     need(cfg.model.name != "scratch" or cfg.model.scratch, "model.name=scratch needs model.scratch settings")
     need(cfg.data.source == "reasoning_gym" or cfg.data.path, f"data.source={cfg.data.source} needs data.path")
     need(cfg.data.sft_size == 0 or cfg.data.source == "reasoning_gym",

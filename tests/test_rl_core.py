@@ -12,7 +12,7 @@ from jaxrl_llm.parallel.mesh import make_mesh
 from jaxrl_llm.parallel.rules import shard_state
 from jaxrl_llm.rl.advantages import group_advantages
 from jaxrl_llm.rl.batch import RowBatch
-from jaxrl_llm.rl.losses import aggregate, clipped_token_loss
+from jaxrl_llm.rl.losses import aggregate, clipped_token_loss, hindsight_token_loss, token_logprobs
 from jaxrl_llm.rl.update import UpdateSpec, init_optimizer, make_optimizer, make_update
 
 
@@ -318,3 +318,54 @@ def test_group_pass_at_k_counts_groups_of_at_least_k_rows_by_brute_force():
         want = np.mean([brute(g, k) for g, s in enumerate(sizes) if s >= k])
         assert got[f"pass@{k}"] == pytest.approx(want, abs=1e-12), k
     assert "pass@16" not in got and got["groups_all_wrong"] >= 0.2
+
+
+def test_hindsight_loss_and_its_gradient_by_hand():
+    """-A rho / (rho + gamma), no clipping; d/dlogp = -A gamma rho / (rho + gamma)^2."""
+    d = np.array([0.0, np.log(5.0), np.log(0.2), np.log(3.0)], np.float32)  # logp - old
+    adv = np.array([1.0, 1.0, -2.0, -1.0], np.float32)
+    for gamma in (1.0, 0.1):
+        rho = np.exp(d.astype(np.float64))
+        want = -adv * rho / (rho + gamma)
+        loss = hindsight_token_loss(jnp.asarray(d)[:, None], jnp.zeros((4, 1)), jnp.asarray(adv), gamma)
+        np.testing.assert_allclose(np.asarray(loss)[:, 0], want, rtol=1e-6)
+        grad = jax.grad(lambda x: hindsight_token_loss(x[:, None], jnp.zeros((4, 1)), jnp.asarray(adv), gamma).sum())(
+            jnp.asarray(d))
+        np.testing.assert_allclose(np.asarray(grad), -adv * gamma * rho / (rho + gamma) ** 2, rtol=1e-5)
+    # where the clipped loss is flat (ratio 5, A > 0: capped at 1.28), the hindsight weight still has a gradient
+    assert float(jax.grad(lambda x: clipped_token_loss(x[None, None], jnp.zeros((1, 1)), jnp.ones(1), eps_low=0.2,
+                                                       eps_high=0.28, dual_clip=3.0)[0].sum())(jnp.log(5.0))) == 0.0
+
+
+def test_hindsight_rows_train_with_the_hindsight_weight_in_the_update(tiny_model):
+    """Rows flagged hindsight use -A rho / (rho + gamma), the others the clipped loss, in one program:
+    the update's loss and its SGD step equal jax.grad of a reference written from the formulas."""
+    graphdef, state = nnx.split(tiny_model)
+    batch = _batch(tiny_model.cfg, seed=3)
+    flags = np.arange(batch.rows) % 3 == 0
+    batch = batch.replace(hindsight=flags)
+    coefs = {**COEFS, "hindsight_gamma": 0.5}
+    mask = jnp.asarray(batch.loss_mask[:, 1:] & batch.valid[:, None])
+
+    def reference(params):
+        model = nnx.merge(graphdef, params)
+        inputs = jnp.asarray(batch.tokens[:, :-1])
+        hidden, _ = model(inputs, jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape))
+        logp = token_logprobs(model.logits(hidden), jnp.asarray(batch.tokens[:, 1:]), jnp.asarray(batch.temperature))
+        old, adv = jnp.asarray(batch.old_logp[:, 1:]), jnp.asarray(batch.advantages)
+        ratio = jnp.exp(logp - old)
+        clipped = jnp.maximum(-adv[:, None] * ratio, -adv[:, None] * jnp.clip(ratio, 0.8, 1.28))
+        clipped = jnp.where(adv[:, None] < 0, jnp.minimum(clipped, -adv[:, None] * 3.0), clipped)
+        tok = jnp.where(jnp.asarray(flags)[:, None], -adv[:, None] * ratio / (ratio + 0.5), clipped)
+        return jnp.sum(tok * mask) / jnp.sum(mask)
+
+    ref_loss, ref_grad = jax.value_and_grad(reference)(state)
+    mesh = make_mesh({"data": 1}, devices=jax.devices()[:1])
+    params = shard_state(jax.tree.map(jnp.copy, state), mesh)
+    opt = optax.inject_hyperparams(optax.sgd)(learning_rate=0.5)
+    update = make_update(graphdef, UpdateSpec(micro_batches=2), opt, params, init_optimizer(opt, params, mesh), mesh)
+    new, _, metrics = update(params, init_optimizer(opt, params, mesh), batch, coefs)
+    assert float(metrics["loss"]) == pytest.approx(float(ref_loss), rel=1e-5)
+    jax.tree.map(lambda p0, g, p1: np.testing.assert_allclose(np.asarray(p1), np.asarray(p0 - 0.5 * g),
+                                                               atol=2e-6),
+                 nnx.to_pure_dict(state), nnx.to_pure_dict(ref_grad), jax.device_get(nnx.to_pure_dict(new)))

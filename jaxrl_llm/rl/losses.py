@@ -1,4 +1,5 @@
-"""Per-token policy loss (PPO clip with clip-higher and dual clip), KL penalty and aggregation.
+"""Per-token policy loss (PPO clip with clip-higher and dual clip; HeRL's hindsight weight on revision
+rows), KL penalty and aggregation.
 
 Every reduction returns a *sum* over the rows it is given divided by a batch-wide normaliser that
 the caller passes in, so summing the losses of micro-batches reproduces the full-batch loss
@@ -50,6 +51,13 @@ def clipped_token_loss(logp_NL, old_logp_NL, adv_N, *, eps_low, eps_high, dual_c
     low = (a < 0) & (ratio < 1.0 - eps_low)
     high = (a > 0) & (ratio > 1.0 + eps_high)
     return loss, low, high, dual
+
+
+def hindsight_token_loss(logp_NL, old_logp_NL, adv_N, gamma):
+    """HeRL's loss on revision tokens (ALGORITHMS.md §2): -A w with w = rho / (rho + gamma),
+    rho = exp(logp - old_logp), no clipping: the weight saturates instead of being cut off."""
+    rho = jnp.exp(logp_NL - old_logp_NL)
+    return -adv_N[:, None] * rho / (rho + gamma)
 
 
 def aggregate(loss_NL, mask_NL, *, mode: str, total_tokens, total_seqs, norm_len):

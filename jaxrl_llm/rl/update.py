@@ -23,7 +23,7 @@ from jax.sharding import PartitionSpec as P
 from jaxrl_llm.parallel.rules import row_sharding, spec_for
 from jaxrl_llm.rl.forward import merged_model, rows_logp, shared_logp
 from jaxrl_llm.rl.batch import RowBatch, SharedBatch
-from jaxrl_llm.rl.losses import aggregate, clipped_token_loss, kl_penalty
+from jaxrl_llm.rl.losses import aggregate, clipped_token_loss, hindsight_token_loss, kl_penalty
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +100,11 @@ def _loss_terms(graphdef, spec: UpdateSpec, params, ref_params, mb, coefs, norms
     else:
         loss_tok, low, high, dual = clipped_token_loss(logp, old, mb.advantages, eps_low=coefs["eps_low"],
                                                        eps_high=coefs["eps_high"], dual_clip=coefs["dual_clip"])
+        # HeRL revision rows: the hindsight weight instead of the clipped ratio (a per-row flag, one program)
+        revision = mb.hindsight[:, None]
+        hindsight = hindsight_token_loss(logp, old, mb.advantages, coefs.get("hindsight_gamma", 1.0))
+        loss_tok = jnp.where(revision, hindsight, loss_tok)
+        low, high, dual = (x & ~revision for x in (low, high, dual))
         gap = jnp.sum(jnp.abs(jax.lax.stop_gradient(logp) - old) * maskf)
     kl = jnp.zeros(())
     if spec.use_kl:

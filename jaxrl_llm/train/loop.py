@@ -101,6 +101,7 @@ def minibatch(cfg: Config, rows: RowBatch, idx: np.ndarray, shared: bool | None 
 def _coefs(cfg: Config) -> dict:
     a = cfg.algo
     return {"eps_low": a.eps_low, "eps_high": a.eps_high, "dual_clip": a.dual_clip, "kl_coef": a.kl_coef,
+            "hindsight_gamma": a.hindsight_gamma,
             "norm_len": float(cfg.rollout.max_new_tokens)}
 
 
