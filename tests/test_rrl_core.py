@@ -190,3 +190,17 @@ def test_worked_steps_and_profile():
     assert prof["cond_2"] == pytest.approx(2 / 3) and prof["cond_3"] == 0.5
     assert prof["first_error_1"] == pytest.approx(1 / 3) and prof["first_error_2"] == pytest.approx(1 / 3)
     assert prof["first_error_3"] == pytest.approx(1 / 3) and prof["late_failure_share"] == pytest.approx(2 / 3)
+
+
+def test_worked_references_from_reasoning_gym_end_in_the_answer():
+    from jaxrl_llm.config import load_config
+    from jaxrl_llm.data.tasks import DataError, load_items
+    from jaxrl_llm.rewards.verifiers import extract_answer
+
+    cfg = load_config("configs/toy_steps.yaml").data
+    items = load_items(dataclasses.replace(cfg, train_size=20), "train")
+    for it in items:
+        lines = it.reference.splitlines()
+        assert 4 <= len(lines) <= 5 and extract_answer(it.reference, "last_number") == it.answer, it
+    with pytest.raises(DataError, match="data.worked='steps' on reasoning-gym task 'chain_sum'"):
+        load_items(dataclasses.replace(cfg, task="chain_sum", task_args={}, train_size=2), "train")
