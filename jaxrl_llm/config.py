@@ -41,7 +41,7 @@ class MeshSection:
 
 @dataclasses.dataclass(frozen=True)
 class DataSection:
-    source: str = "reasoning_gym"  # reasoning_gym | jsonl | parquet
+    source: str = "reasoning_gym"  # reasoning_gym | jsonl | parquet | rubric (generated rubric tasks)
     task: str = "basic_arithmetic"  # reasoning-gym data set name
     task_args: dict = dataclasses.field(default_factory=dict)
     path: str = ""  # jsonl / parquet file (train); `eval_path` for held-out rows
@@ -218,7 +218,7 @@ class Config:
 CHOICES = {
     "model.param_dtype": ("float32", "bfloat16"),
     "model.compute_dtype": ("float32", "bfloat16"),
-    "data.source": ("reasoning_gym", "jsonl", "parquet"),
+    "data.source": ("reasoning_gym", "jsonl", "parquet", "rubric"),
     "data.answer_format": ("tags", "last_number", "boxed", "raw"),
     "data.overlong": ("drop", "truncate"),
     "data.worked": ("", "steps"),
@@ -337,7 +337,8 @@ def _validate(cfg: Config, source: str) -> None:
     need(0 <= cfg.algo.eps_low < 1 and cfg.algo.eps_high >= 0 and cfg.algo.dual_clip > 1, "bad clip settings")
     need(cfg.algo.hindsight_gamma > 0, f"algo.hindsight_gamma={cfg.algo.hindsight_gamma} must be > 0")
     need(cfg.model.name != "scratch" or cfg.model.scratch, "model.name=scratch needs model.scratch settings")
-    need(cfg.data.source == "reasoning_gym" or cfg.data.path, f"data.source={cfg.data.source} needs data.path")
+    need(cfg.data.source in ("reasoning_gym", "rubric") or cfg.data.path,
+         f"data.source={cfg.data.source} needs data.path")
     need(cfg.data.sft_size == 0 or cfg.data.source == "reasoning_gym",
          f"data.sft_size generates reasoning-gym items; with data.source={cfg.data.source} give data.sft_path")
     need(cfg.sft.steps == 0 or not (cfg.data.sft_size or cfg.data.sft_path)

@@ -3,7 +3,10 @@ jsonl / parquet files loaded through `datasets`.
 
 File schema (one row per task): `question` (str, required), `answer` (str, required),
 `scorer` ("math" | "exact", default "math"), `reference` (str, optional: a worked solution for SFT),
-`difficulty` (number in [0, 1], optional, 1 hardest: seeds E3's difficulty ranks).
+`difficulty` (number in [0, 1], optional, 1 hardest: seeds E3's difficulty ranks). A row with a
+`rubric` (a list of {description, weight, check, args?} items, rewards/rubrics.py) is a rubric task:
+graded by its items (reward sum w m / sum w), `answer` optional. `data.source: rubric` generates
+instruction-following rubric tasks offline (data/rubric_tasks.py).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ class TaskItem:
     entry_json: str = ""  # the reasoning-gym entry its scorer needs, as JSON
     reference: str = ""
     difficulty: float = float("nan")  # data-set difficulty rank in [0, 1] (1 hardest); NaN: not given
+    rubric: str = ""  # rubric tasks (scorer "rubric"): the items as JSON text (rewards/rubrics.py dump_rubric)
 
 
 def _reasoning_gym(cfg: DataSection, split: str) -> list[TaskItem]:
@@ -52,6 +56,33 @@ def _reasoning_gym(cfg: DataSection, split: str) -> list[TaskItem]:
                      entry_json=json.dumps(e, default=str), reference=ref) for i, (e, ref) in enumerate(zip(ds, refs))]
 
 
+def _rubric_item(uid: str, question: str, rubric_items, where: str, answer: str = "", reference: str = "",
+                 difficulty: float = float("nan")) -> TaskItem:
+    from jaxrl_llm.rewards.rubrics import JUDGE, RubricError, dump_rubric, parse_rubric
+
+    try:
+        rubric = parse_rubric(rubric_items, where)
+    except RubricError as e:
+        raise DataError(str(e)) from None
+    judged = [k for k, it in enumerate(rubric) if it.check == JUDGE]
+    if judged:
+        raise DataError(f"{where}: rubric items {judged} are 'judge' checks; the trainer does not run the LLM judge "
+                        f"in its reward step yet (rewards/judge.py exists; HeRL issue), so they would always score 0")
+    text = dump_rubric(rubric)
+    return TaskItem(uid=uid, question=question, answer=answer, scorer="rubric", entry_json=text,
+                    reference=reference, difficulty=difficulty, rubric=text)
+
+
+def _rubric_tasks(cfg: DataSection, split: str) -> list[TaskItem]:
+    from jaxrl_llm.data.rubric_tasks import rubric_items
+
+    if split == "sft":
+        return []
+    size = {"train": cfg.train_size, "eval": cfg.eval_size}[split]
+    return [_rubric_item(f"rubric:{split}:{i}", row["question"], row["rubric"], f"rubric task {split} {i}")
+            for i, row in enumerate(rubric_items(split, size, cfg.seed))]
+
+
 def _file(path: str, kind: str) -> list[TaskItem]:
     import datasets
 
@@ -63,6 +94,12 @@ def _file(path: str, kind: str) -> list[TaskItem]:
         raise DataError(f"{path}: could not be read as {kind}: {e}") from e
     items = []
     for i, row in enumerate(rows):
+        if row.get("rubric") is not None:  # a rubric task: graded by its items, an answer is optional
+            if row.get("question") in (None, ""):
+                raise DataError(f"{path}: row {i} has no 'question'")
+            items.append(_rubric_item(f"{path}:{i}", str(row["question"]), row["rubric"], f"{path}: row {i}",
+                                      answer=str(row.get("answer") or ""), reference=str(row.get("reference") or "")))
+            continue
         for key in ("question", "answer"):
             if row.get(key) in (None, ""):
                 raise DataError(f"{path}: row {i} has no {key!r}")
@@ -88,6 +125,8 @@ def load_items(cfg: DataSection, split: str) -> list[TaskItem]:
     """The items of one split ('train', 'eval' or 'sft') as the source gives them."""
     if cfg.source == "reasoning_gym":
         return _reasoning_gym(cfg, split) if split != "sft" or cfg.sft_size > 0 else []
+    if cfg.source == "rubric":
+        return _rubric_tasks(cfg, split)
     path = {"train": cfg.path, "eval": cfg.eval_path, "sft": cfg.sft_path}[split]
     return _file(path, cfg.source) if path else []
 

@@ -16,6 +16,13 @@ from typing import Callable, Sequence
 from jaxrl_llm.rewards.verifiers import score
 
 
+def _value(result):
+    """A reward, or (reward, rubric items met) as rubric scorers return."""
+    if isinstance(result, tuple):
+        return float(result[0]), [int(m) for m in result[1]]
+    return float(result)
+
+
 def _worker(conn, fn):
     while True:
         job = conn.recv()
@@ -23,7 +30,7 @@ def _worker(conn, fn):
             return
         idx, args = job
         try:
-            conn.send((idx, float(fn(*args)), None))
+            conn.send((idx, _value(fn(*args)), None))
         except Exception as e:  # a broken checker must not take the worker down
             conn.send((idx, 0.0, f"{type(e).__name__}: {e}"))
 
@@ -50,8 +57,9 @@ class RewardPool:
         child.close()
         return proc, parent
 
-    def map(self, jobs: Sequence[tuple]) -> list[float]:
-        """Score every job (a tuple of `fn` arguments); results in job order."""
+    def map(self, jobs: Sequence[tuple]) -> list:
+        """Score every job (a tuple of `fn` arguments); results in job order: a float, or (float, items met)
+        from rubric scorers; a job that errs or times out gives 0.0."""
         results = [0.0] * len(jobs)
         pending = list(range(len(jobs)))[::-1]
         busy: dict[int, tuple[int, float]] = {}  # worker slot -> (job index, deadline)

@@ -53,7 +53,13 @@ def _math_verify(gold: str, extracted: str) -> float:
     return float(bool(verify(parse(f"${gold}$"), parse(f"${extracted}$"))))
 
 
-def score(scorer: str, answer: str, entry_json: str, response: str, fmt: str) -> float:
+def score(scorer: str, answer: str, entry_json: str, response: str, fmt: str) -> float | tuple[float, list[int]]:
+    """The reward of `response`; rubric tasks (scorer "rubric", entry_json the rubric) give (reward, items met)
+    and grade the whole response (no answer extraction)."""
+    if scorer == "rubric":
+        from jaxrl_llm.rewards.rubrics import score_rubric
+
+        return score_rubric(entry_json, response)
     extracted = extract_answer(response, fmt)
     if extracted is None:
         return 0.0

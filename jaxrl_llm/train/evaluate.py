@@ -45,7 +45,9 @@ def evaluate(sampler, params, pool, tok, cfg: Config, items, key: jax.Array) -> 
                                           jax.random.fold_in(key, 1), chunk)
     correct = solved(sampled).reshape(n, k)
     solved_count = correct.sum(axis=1)
+    # rubric tasks: the reward is the weighted share of items met, accuracy the share fully satisfied
     out = {"greedy_accuracy": float(np.mean(solved(greedy))), "sampled_accuracy": float(correct.mean()),
+           "greedy_reward_mean": float(np.mean(greedy)), "sampled_reward_mean": float(np.mean(sampled)),
            "never_solved_share": float(np.mean(solved_count == 0)),
            "response_len_mean": float(np.concatenate([greedy_len, sampled_len]).mean()), "problems": n,
            "sampled_tokens": int(greedy_len.sum() + sampled_len.sum())}

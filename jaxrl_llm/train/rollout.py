@@ -52,23 +52,41 @@ def response_texts(tok, out: SampleOutput) -> list[str]:
     return [tok.decode(out.tokens[i, start[i]:stop[i]].tolist(), skip_special_tokens=True) for i in range(out.rows)]
 
 
-def score_texts(pool: RewardPool, cfg: Config, items: Sequence[TaskItem], texts: Sequence[str],
-                row_item: np.ndarray) -> np.ndarray:
-    """Reward [N] of texts[i] as an answer to items[row_item[i]] (strict 0/1 unless partial credit)."""
+def score_rows(pool: RewardPool, cfg: Config, items: Sequence[TaskItem], texts: Sequence[str],
+               row_item: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """(rewards [N], met [N, K] | None) of texts[i] as an answer to items[row_item[i]]: answer scorers give
+    0/1 (their partial credit with reward.partial_credit); rubric tasks give sum w m / sum w and the items
+    met (K: the most items any row's rubric has; False past a rubric's end and where scoring failed)."""
     jobs = [(items[j].scorer, items[j].answer, items[j].entry_json, texts[i], cfg.data.answer_format)
             for i, j in enumerate(row_item)]
-    rewards = np.asarray(pool.map(jobs), np.float32)
-    if not cfg.reward.partial_credit:
-        rewards = solved(rewards).astype(np.float32)
-    return rewards
+    results = pool.map(jobs)
+    rewards = np.array([r[0] if isinstance(r, tuple) else r for r in results], np.float32)
+    rubric = np.array([items[j].scorer == "rubric" for j in row_item], bool)
+    if not cfg.reward.partial_credit:  # rubric rewards are fractions by definition
+        rewards = np.where(rubric, rewards, solved(rewards).astype(np.float32))
+    if not rubric.any():
+        return rewards, None
+    k = max(len(r[1]) for r in results if isinstance(r, tuple)) if any(isinstance(r, tuple) for r in results) else 1
+    met = np.zeros((len(results), k), bool)
+    for i, r in enumerate(results):
+        if isinstance(r, tuple):
+            met[i, :len(r[1])] = np.asarray(r[1], bool)
+    return rewards, met
+
+
+def score_texts(pool: RewardPool, cfg: Config, items: Sequence[TaskItem], texts: Sequence[str],
+                row_item: np.ndarray) -> np.ndarray:
+    """Rewards [N] of texts[i] as an answer to items[row_item[i]] (score_rows without the items met)."""
+    return score_rows(pool, cfg, items, texts, row_item)[0]
 
 
 def score(pool: RewardPool, tok, cfg: Config, items: Sequence[TaskItem], plan: RowPlan,
           out: SampleOutput) -> Rollouts:
     """Rewards of the sampled plan against the ORIGINAL items of its rows (items of the whole
-    training set). Tasks with rubrics will also fill `met`; no task has rubrics yet."""
+    training set), and for rubric tasks the items each row met."""
     texts = response_texts(tok, out)
-    return Rollouts(plan, out, score_texts(pool, cfg, items, texts, plan.prompt), tuple(texts))
+    rewards, met = score_rows(pool, cfg, items, texts, plan.prompt)
+    return Rollouts(plan, out, rewards, tuple(texts), met)
 
 
 def with_advantages(r: Rollouts, estimator: str) -> Rollouts:
