@@ -178,10 +178,41 @@ class RRLSection:
     age_penalty: float = 0.0  # priority lost per step of a state's age when drawing states
 
 
+REVISE_TEMPLATE = """{question}
+
+Here is a draft answer:
+{draft}
+
+The draft already meets these requirements:
+{met}
+It does not meet these yet:
+{unmet}
+
+Rewrite the answer so that it meets every requirement, keeping what the draft already does right. Reply with the \
+revised answer only."""
+
+
+@dataclasses.dataclass(frozen=True)
+class HeRLSection:
+    """HeRL (ALGORITHMS.md §2): rubric-guided hindsight revisions of failed groups' best responses."""
+
+    enabled: bool = False
+    threshold: float = 1.0  # a group fails when its best reward is below this
+    candidate_limit: int = 16  # most candidates revised per step (taken round-robin over failed groups)
+    num_guided: int = 1  # revisions sampled per candidate
+    guided_temperature: float = 0.3
+    alpha: float = 0.05  # candidate bonus: r <- r + alpha (best revision score - r)
+    replace_top_n: int = 1  # revisions swapped into each failed group
+    keep_best_original: bool = False  # no revision reaches the group's best: copy its best response instead
+    train_on: str = "original"  # original | revise_prompt: the context a kept revision is trained under
+    revise_template: str = REVISE_TEMPLATE  # fields {question}, {draft}, {met}, {unmet}
+
+
 @dataclasses.dataclass(frozen=True)
 class ExploreSection:
     e3: E3Section = E3Section()
     rrl: RRLSection = RRLSection()
+    herl: HeRLSection = HeRLSection()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,6 +254,7 @@ CHOICES = {
     "data.overlong": ("drop", "truncate"),
     "data.worked": ("", "steps"),
     "explore.rrl.boundary": ("line", "sentence", "tokens"),
+    "explore.herl.train_on": ("original", "revise_prompt"),
     "algo.advantage": ESTIMATORS,
     "algo.loss_agg": AGGREGATIONS,
     "algo.kl_estimator": KL_ESTIMATORS,
@@ -368,3 +400,12 @@ def _validate(cfg: Config, source: str) -> None:
              and r.priority_temperature >= 0 and r.age_penalty >= 0 and r.backtrack_margin >= 0,
              "explore.rrl: warmup_steps, max_age, c_ucb, priority_temperature, age_penalty and backtrack_margin "
              "must be >= 0, min_visits >= 1")
+    h = cfg.explore.herl
+    if h.enabled:
+        need(h.candidate_limit >= 1 and h.num_guided >= 1 and h.replace_top_n >= 1,
+             "explore.herl candidate_limit, num_guided and replace_top_n must be >= 1")
+        need(h.guided_temperature >= 0 and h.alpha >= 0, "explore.herl guided_temperature and alpha must be >= 0")
+        need(h.replace_top_n < cfg.rollout.group_size, f"explore.herl.replace_top_n={h.replace_top_n} must leave a "
+             f"group of rollout.group_size={cfg.rollout.group_size} at least one of its own rows")
+        for field in ("{question}", "{draft}", "{met}", "{unmet}"):
+            need(field in h.revise_template, f"explore.herl.revise_template has no {field}")

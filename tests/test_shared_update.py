@@ -104,9 +104,10 @@ def test_shared_logprobs_and_gradients_equal_the_rows_layout(name):
         lp = jax.vmap(lambda mb: shared_logp(m, mb, chunk=4))(jax.tree.map(jnp.asarray, shared))
         return lp
 
-    (_, ref_lp), ref_grad = jax.value_and_grad(rows_objective, has_aux=True)(params)
+    # jitted: op-by-op dispatch of a transformer's forward and backward is what made this test slow
+    (_, ref_lp), ref_grad = jax.jit(jax.value_and_grad(rows_objective, has_aux=True))(params)
     ref_lp = np.pad(np.asarray(ref_lp), ((0, 0), (1, 0)))
-    got_lp = _scatter_back(shared, np.asarray(shared_objective(params)), rows)
+    got_lp = _scatter_back(shared, np.asarray(jax.jit(shared_objective)(params)), rows)
     full_mask = rows.loss_mask & rows.valid[:, None]
     assert full_mask.sum() > 60
     np.testing.assert_allclose(got_lp[full_mask], ref_lp[full_mask], atol=1e-5, rtol=0)
@@ -117,7 +118,7 @@ def test_shared_logprobs_and_gradients_equal_the_rows_layout(name):
     flat = w_shared.reshape(-1)
     for i, j in zip(*np.nonzero(probe)):
         flat[int(probe[i, j]) - 1] = w_full[i, j]
-    got_grad = jax.grad(lambda p: jnp.sum(shared_objective(p) * w_shared))(params)
+    got_grad = jax.jit(jax.grad(lambda p: jnp.sum(shared_objective(p) * w_shared)))(params)
     leaves = list(zip(jax.tree.leaves(ref_grad), jax.tree.leaves(got_grad)))
     assert max(float(jnp.abs(a).max()) for a, _ in leaves) > 1e-2
     for a, b in leaves:

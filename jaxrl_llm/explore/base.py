@@ -31,10 +31,13 @@ from jaxrl_llm.sampling.sampler import SampleOutput
 ORDER = ("e3", "rrl", "herl")
 KEY_PHASE = {name: 16 + i for i, name in enumerate(ORDER)}
 
-# sample(plan, contexts=None): the plan's rows from their prompts (contexts[i] instead, e.g. a revise
-# prompt); score(plan, out): rewards against the ORIGINAL items of the plan's rows
-SampleFn = Callable[[RowPlan, "Sequence[Sequence[int]] | None"], SampleOutput]
+# sample(plan, contexts=None, min_rows=0, min_context=0): the plan's rows from their prompts (contexts[i]
+# instead, e.g. a revise prompt), with optional floors of the sampler's shape buckets; score(plan, out):
+# rewards against the ORIGINAL items of the plan's rows; logprobs(out): the current policy's tempered
+# log-probs [N, L] of out's tokens (a teacher-forced pass, e.g. after SampleOutput.with_prompts)
+SampleFn = Callable[..., SampleOutput]
 ScoreFn = Callable[[RowPlan, SampleOutput], Rollouts]
+LogprobFn = Callable[[SampleOutput], np.ndarray]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +56,7 @@ class Setup:
     items: Sequence[Any] = ()  # [num_items] the training TaskItems (question, answer, scorer, rubrics)
     prompts: Sequence[Sequence[int]] = ()  # [num_items] their prompt tokens as the policy sees them
     tokenizer: Any = None  # to decode responses and encode new contexts (e.g. revise prompts)
+    encode: Callable[[str], list] | None = None  # a user message -> prompt tokens as the policy sees prompts
     max_new_tokens: int = 0  # rollout.max_new_tokens: a response's token budget (a given prefix counts)
     mesh: Any = None  # the run's device mesh (explorer arrays may be laid out over its batch axes)
 
@@ -85,11 +89,15 @@ class Explorer:
         """Longest given prefix this explorer puts after a prompt (0: none)."""
         return 0
 
+    def context_tokens(self) -> int:
+        """Longest context of its own (not a training prompt) this explorer has rows trained under (0: none)."""
+        return 0
+
     def plan(self, state, plan: RowPlan, info: StepInfo) -> RowPlan:
         return plan
 
-    def revise(self, state, rollouts: Rollouts, info: StepInfo, sample: SampleFn, score: ScoreFn
-               ) -> tuple[Rollouts, dict]:
+    def revise(self, state, rollouts: Rollouts, info: StepInfo, sample: SampleFn, score: ScoreFn,
+               logprobs: LogprobFn | None = None) -> tuple[Rollouts, dict]:
         return rollouts, {}
 
     def observe(self, state, rollouts: Rollouts, info: StepInfo) -> tuple[Any, dict]:
@@ -123,16 +131,19 @@ class Explorers:
     def prefix_tokens(self) -> int:
         return max([0] + [e.prefix_tokens() for e in self.explorers])
 
+    def context_tokens(self) -> int:
+        return max([0] + [e.context_tokens() for e in self.explorers])
+
     def plan(self, states: dict, plan: RowPlan, info: dict[str, StepInfo]) -> RowPlan:
         for e in self.explorers:
             plan = e.plan(states[e.name], plan, info[e.name])
         return plan
 
     def revise(self, states: dict, rollouts: Rollouts, info: dict[str, StepInfo], sample: SampleFn,
-               score: ScoreFn) -> tuple[Rollouts, dict]:
+               score: ScoreFn, logprobs: LogprobFn | None = None) -> tuple[Rollouts, dict]:
         metrics = {}
         for e in self.explorers:
-            rollouts, m = e.revise(states[e.name], rollouts, info[e.name], sample, score)
+            rollouts, m = e.revise(states[e.name], rollouts, info[e.name], sample, score, logprobs)
             metrics.update(m)
         return rollouts, metrics
 

@@ -16,4 +16,8 @@ def build_explorers(cfg: Config) -> list[Explorer]:
         from jaxrl_llm.explore.rrl import RRL
 
         explorers.append(RRL(cfg.explore.rrl))
+    if cfg.explore.herl.enabled:
+        from jaxrl_llm.explore.herl import HeRL
+
+        explorers.append(HeRL(cfg.explore.herl, instruction=cfg.data.instruction))
     return explorers

@@ -106,10 +106,13 @@ class Rollouts:
     @staticmethod
     def concat(parts: Sequence["Rollouts"]) -> "Rollouts":
         mets = [p.met for p in parts]
+        met = None
+        if not any(m is None for m in mets):
+            k = max(m.shape[1] for m in mets)
+            met = np.concatenate([_widen_met(m, k) for m in mets])
         return Rollouts(RowPlan.concat([p.plan for p in parts]), SampleOutput.concat([p.out for p in parts]),
                         np.concatenate([p.rewards for p in parts]), tuple(t for p in parts for t in p.texts),
-                        None if any(m is None for m in mets) else np.concatenate(mets),
-                        scored=np.concatenate([p.scored for p in parts]))
+                        met, scored=np.concatenate([p.scored for p in parts]))
 
     def replace_rows(self, idx, other: "Rollouts") -> "Rollouts":
         """These rollouts with rows `idx` replaced by `other`'s (advantages are dropped: compute them
@@ -121,8 +124,14 @@ class Rollouts:
         for i, t in zip(idx, other.texts):
             texts[i] = t
         met = None
-        if self.met is not None and other.met is not None:
-            met = self.met.copy()
-            met[idx] = other.met
+        if self.met is not None and other.met is not None:  # rubrics of other lengths: padded with False
+            k = max(self.met.shape[1], other.met.shape[1])
+            met = _widen_met(self.met, k).copy()
+            met[idx] = _widen_met(other.met, k)
         return Rollouts(self.plan.replace_rows(idx, other.plan), self.out.replace_rows(idx, other.out), rewards,
                         tuple(texts), met, scored=scored)
+
+
+def _widen_met(met: np.ndarray, k: int) -> np.ndarray:
+    """Items-met [N, K'] padded with False to K columns."""
+    return np.pad(met, ((0, 0), (0, k - met.shape[1])))

@@ -265,10 +265,14 @@ class Sampler:
 
     def __call__(self, state, prompts: Sequence[Sequence[int]], *, max_new_tokens=128, temperature=1.0,
                  top_p=1.0, top_k=0, key: jax.Array | None = None, row_keys: jax.Array | None = None,
-                 prefixes: Sequence[Sequence[int]] | None = None, stop_ids: Sequence[int] | None = None
-                 ) -> SampleOutput:
+                 prefixes: Sequence[Sequence[int]] | None = None, stop_ids: Sequence[int] | None = None,
+                 min_rows: int = 0, min_context: int = 0) -> SampleOutput:
+        """`min_rows` / `min_context`: floors of this call's batch and context buckets (calls whose sizes
+        vary, such as HeRL's guided revisions, keep one program); the distinct-context bucket then is
+        the batch bucket."""
         args, meta = self._inputs(prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                  top_k=top_k, key=key, row_keys=row_keys, prefixes=prefixes, stop_ids=stop_ids)
+                                  top_k=top_k, key=key, row_keys=row_keys, prefixes=prefixes, stop_ids=stop_ids,
+                                  min_rows=min_rows, min_context=min_context)
         out = generate_program(self.graphdef, state, *args)
         tokens, logp, ent, count, reason = jax.device_get(out)
         n = meta["n"]
@@ -283,7 +287,7 @@ class Sampler:
         return generate_program.lower(self.graphdef, state, *args)
 
     def _inputs(self, prompts, *, max_new_tokens=128, temperature=1.0, top_p=1.0, top_k=0, key=None,
-                row_keys=None, prefixes=None, stop_ids=None) -> tuple[list[jax.Array], dict]:
+                row_keys=None, prefixes=None, stop_ids=None, min_rows=0, min_context=0) -> tuple[list[jax.Array], dict]:
         """Padded, bucketed (and, with a mesh, row-sharded) device arguments of generate_program after
         `graphdef, state`, and host facts for the output."""
         n = len(prompts)
@@ -303,7 +307,7 @@ class Sampler:
                     f"(max_cache_len); shorten the prompt or raise max_cache_len")
         max_new = _per_row(max_new_tokens, n, np.int32, "max_new_tokens")
         max_new = np.minimum(max_new, self.max_cache_len - ctx_len)
-        b, prefill, slots = self.shapes(n, int(ctx_len.max()), int(max_new.max()))
+        b, prefill, slots = self.shapes(max(n, min_rows), max(int(ctx_len.max()), min_context), int(max_new.max()))
 
         tokens = np.full((b, slots), self.pad_id, np.int32)
         for i, c in enumerate(contexts):
@@ -314,7 +318,7 @@ class Sampler:
         index: dict[tuple[int, ...], int] = {}
         if self.share_prefill:
             source = np.array([index.setdefault(c, len(index)) for c in contexts] + [0] * pad_rows, np.int32)
-            u = min(bucket(len(index), max(self.min_batch, self.min_unique)), b)
+            u = b if min_rows else min(bucket(len(index), max(self.min_batch, self.min_unique)), b)
             unique_tokens = np.full((u, prefill), self.pad_id, np.int32)
             unique_len = np.ones((u,), np.int32)
             for c, j in index.items():

@@ -42,7 +42,7 @@ from jaxrl_llm.sampling.sampler import Sampler
 from jaxrl_llm.train.checkpoint import Checkpointer
 from jaxrl_llm.train.evaluate import evaluate
 from jaxrl_llm.train.metrics import MetricsWriter, read_rows
-from jaxrl_llm.train.policy import build_policy, encode_items
+from jaxrl_llm.train.policy import build_policy, encode_items, encode_text
 from jaxrl_llm.train.rollout import plan_rows, rollout_metrics, sample_plan, score, update_rows, with_advantages
 from jaxrl_llm.train.sft import sft_batch
 from jaxrl_llm.train.state import TrainState
@@ -153,15 +153,18 @@ class Run:
                            vocab_size=model_cfg.vocab_size, temperature=cfg.rollout.temperature,
                            item_difficulty=np.array([it.difficulty for it, _ in self.train_items], np.float32),
                            items=[it for it, _ in self.train_items], prompts=[ids for _, ids in self.train_items],
-                           tokenizer=tok, max_new_tokens=cfg.rollout.max_new_tokens, mesh=self.mesh)
+                           tokenizer=tok, max_new_tokens=cfg.rollout.max_new_tokens, mesh=self.mesh,
+                           encode=lambda text: encode_text(tok, cfg, text))
         explore_state = self.explorers.init(self.setup)
         # explorers that add contexts (RRL's prompt + prefix) get one context length and count bucket for the
         # whole run in sampling and in the update, so their varying rows compile nothing after warm-up
         self.extra_contexts = self.explorers.extra_contexts()
         self.min_context = 16
-        if self.explorers.prefix_tokens():
-            longest = max(len(ids) for _, ids in self.train_items + eval_items)
-            self.min_context = bucket(longest + self.explorers.prefix_tokens(), 16)
+        longest = max(len(ids) for _, ids in self.train_items + eval_items)
+        if self.explorers.prefix_tokens() or self.explorers.context_tokens():
+            self.min_context = bucket(max(longest + self.explorers.prefix_tokens(), self.explorers.context_tokens()), 16)
+        # teacher-forced log-probs of rows moved under another context (HeRL train_on=original): one shape
+        self.logprob_width = bucket(longest + cfg.rollout.max_new_tokens, 16)
         self.sampler = Sampler(self.policy.graphdef, pad_id=pad_id(tok), stop_ids=stop_ids(tok, model_cfg.eos_token_ids),
                                max_cache_len=model_cfg.max_position_embeddings, mesh=self.mesh,
                                share_prefill=cfg.rollout.shared_prefix, min_context=self.min_context,
@@ -266,6 +269,18 @@ class Run:
                                                  self.state.params, self.mesh, rows)
         return self._logprobs[rows]
 
+    def teacher_logprobs(self, out) -> np.ndarray:
+        """The current policy's tempered log-probs [N, L] of out's tokens (rows padded to the step's N and
+        the buffer to one width, so the pass compiles once)."""
+        n, width = out.rows, out.tokens.shape[1]
+        rows, w = max(self.rows, n), max(self.logprob_width, width)
+        tokens = np.full((rows, w), out.pad_id, np.int32)
+        tokens[:n, :width] = out.tokens
+        temps = np.ones(rows, np.float32)
+        temps[:n] = out.temperature
+        lp = self._recompute_logp(rows)(self.state.params, tokens, temps)
+        return np.asarray(lp)[:n, :width]
+
     def sampling_params(self):
         """The policy as the sampler should see it: in the update's compute dtype, so old log-probs are
         the trainer's numbers (a bf16 run samples with bf16 weights, not its float32 master copy)."""
@@ -286,11 +301,15 @@ class Run:
         score_fn = lambda plan, out: score(pool, self.tok, cfg, items, plan, out)  # noqa: E731
         rollouts = score_fn(plan, out)
         t2 = time.perf_counter()
-        sample_fn = lambda plan, contexts=None: sample_plan(self.sampler, params, cfg, prompts, plan, contexts)  # noqa: E731
-        rollouts, revise_metrics = self.explorers.revise(st.explore, rollouts, info, sample_fn, score_fn)
+        sample_fn = lambda plan, contexts=None, **shape: sample_plan(  # noqa: E731
+            self.sampler, params, cfg, prompts, plan, contexts, **shape)
+        rollouts, revise_metrics = self.explorers.revise(st.explore, rollouts, info, sample_fn, score_fn,
+                                                         self.teacher_logprobs)
         rollouts = with_advantages(rollouts, cfg.algo.advantage)
         t3 = time.perf_counter()
         metrics = {**rollout_metrics(rollouts), **revise_metrics,
+                   # every token sampled this step: the rows' call and any explorer's own calls (HeRL's revisions)
+                   "sampled_tokens": int(out.num_generated.sum()) + int(revise_metrics.get("herl_sampled_tokens", 0)),
                    "sample_tokens_per_s": float(out.num_generated.sum() / max(t1 - t0, 1e-9)),
                    "time_sample_s": t1 - t0, "time_reward_s": t2 - t1, "time_revise_s": t3 - t2}
         return rollouts, dict(info=info, **metrics)
@@ -434,8 +453,10 @@ class Run:
         if jax.process_index() != 0 or not path.exists():
             return
         rows = read_rows(path)
-        evals = [r for r in rows if r["kind"] in ("eval_before_sft", "eval")]
+        # evaluations that scored something (an empty held-out set, e.g. every item also a training one, scores nothing)
+        evals = [r for r in rows if r["kind"] in ("eval_before_sft", "eval") and "greedy_accuracy" in r]
         if not evals:
+            self.log(f"summary ({self.out_dir}): no held-out problems were evaluated")
             return
         keys = ("greedy_accuracy", "sampled_accuracy")
         points = [("start", evals[0])] + ([("RL step 0", evals[1])] if evals[0]["kind"] == "eval_before_sft"

@@ -68,7 +68,12 @@ def _with_remat(graphdef, params):
 
 
 def encode_prompt(tok, cfg: Config, item: TaskItem) -> list[int]:
-    content = item.question + (f"\n{cfg.data.instruction}" if cfg.data.instruction else "")
+    return encode_text(tok, cfg, item.question + (f"\n{cfg.data.instruction}" if cfg.data.instruction else ""))
+
+
+def encode_text(tok, cfg: Config, content: str) -> list[int]:
+    """A user message as the policy sees a prompt: in the chat template (with the system prompt) unless
+    data.chat_template is off."""
     if not cfg.data.chat_template:
         return tok(content, add_special_tokens=False)["input_ids"]
     messages = ([{"role": "system", "content": cfg.data.system_prompt}] if cfg.data.system_prompt else []) + \

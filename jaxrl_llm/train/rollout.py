@@ -34,16 +34,17 @@ def plan_rows(cfg: Config, prompt_ids: np.ndarray, key: jax.Array) -> RowPlan:
 
 
 def sample_plan(sampler: Sampler, params, cfg: Config, prompts: Sequence[Sequence[int]], plan: RowPlan,
-                contexts: Sequence[Sequence[int]] | None = None) -> SampleOutput:
+                contexts: Sequence[Sequence[int]] | None = None, **shape) -> SampleOutput:
     """One sampler call for the plan's rows: row i continues prompts[plan.prompt[i]] (prompts of the
     whole training set; or contexts[i] when given, e.g. a revise prompt) plus its given prefix, at its
-    temperature, with its key, for rollout.max_new_tokens less the prefix."""
+    temperature, with its key, for rollout.max_new_tokens less the prefix. `shape`: the sampler's
+    min_rows / min_context floors."""
     ctx = [prompts[i] for i in plan.prompt] if contexts is None else contexts
     # a given prefix counts against the response's budget
     budget = np.maximum(cfg.rollout.max_new_tokens - np.array([len(p) for p in plan.prefix], np.int64), 1)
     return sampler(params, ctx, max_new_tokens=budget, temperature=plan.temperature,
                    top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k, row_keys=jax.random.wrap_key_data(plan.row_keys),
-                   prefixes=plan.prefix)
+                   prefixes=plan.prefix, **shape)
 
 
 def response_texts(tok, out: SampleOutput) -> list[str]:

@@ -1,0 +1,189 @@
+"""HeRL on the exploration seam (ALGORITHMS.md §2): rubric-guided hindsight revisions.
+
+After the step's rows are scored (`revise`), for the fresh groups whose best reward s* is below
+`threshold`:
+
+    candidates  the group's rows tied at s*, most rubric items met first; at most `candidate_limit`
+                a step, taken round-robin over the failed groups (each group's best first)
+    revise      a prompt from `revise_template`: the question, the items the draft meets and the
+                ones it misses, the draft; `num_guided` revisions each, sampled by the same sampler
+                at `guided_temperature` (one bucketed shape for the run: nothing compiles later)
+    score       every revision against the ORIGINAL item and rubric
+    bonus       each candidate's reward r <- r + alpha (best revision score - r)
+    replace     per failed group the `replace_top_n` best revisions scoring above s* (else at least
+                s*) take the places of random members of the group (`keep_best_original`: a copy of
+                the best response when none qualifies); they are flagged hindsight, so the update
+                trains them with -A rho / (rho + gamma), unclipped (algo.hindsight_gamma)
+    train_on    original: the revision is trained as a response to the original prompt, its old
+                log-probs recomputed there by a teacher-forced pass of the current policy;
+                revise_prompt: under the revise prompt, with the sampler's log-probs
+
+HeRL keeps no state across steps. Groups of replayed continuations (RRL) are left alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import jax
+import numpy as np
+
+from jaxrl_llm.config import HeRLSection
+from jaxrl_llm.explore.base import Explorer, LogprobFn, SampleFn, ScoreFn, Setup, StepInfo
+from jaxrl_llm.explore.rows import RowPlan, Rollouts
+from jaxrl_llm.sampling.buckets import bucket
+from jaxrl_llm.sampling.sampler import row_key_data
+
+TIE = 1e-6
+
+
+def _bullets(lines) -> str:
+    return "\n".join(f"- {x}" for x in lines) if lines else "(none)"
+
+
+def failed_groups(group: np.ndarray, scored: np.ndarray, eligible: np.ndarray, threshold: float
+                  ) -> list[tuple[int, np.ndarray, float]]:
+    """(group id, its eligible rows, best reward s*) of the groups whose best is below `threshold`, in
+    group-id order."""
+    out = []
+    for g in np.unique(group[eligible]):
+        rows = np.flatnonzero((group == g) & eligible)
+        best = float(scored[rows].max())
+        if best < threshold:
+            out.append((int(g), rows, best))
+    return out
+
+
+def candidates(failed, scored: np.ndarray, met_count: np.ndarray, limit: int) -> list[tuple[int, int]]:
+    """(index into `failed`, row) pairs: each failed group's rows tied at its best, most items met
+    first (then lower row), taken round-robin over the groups (rank 0 of every group, then rank 1,
+    ...), at most `limit`."""
+    ranked = []
+    for rows, best in ((rows, best) for _, rows, best in failed):
+        tied = rows[np.abs(scored[rows] - best) < TIE]
+        ranked.append(tied[np.lexsort((tied, -met_count[tied]))])
+    out, rank = [], 0
+    while len(out) < limit and any(rank < len(r) for r in ranked):
+        out += [(f, int(r[rank])) for f, r in enumerate(ranked) if rank < len(r)]
+        rank += 1
+    return out[:limit]
+
+
+def choose_revisions(scores: np.ndarray, best: float, top_n: int) -> np.ndarray:
+    """Indices of up to `top_n` revisions (highest score first, lower index on ties): those strictly
+    above `best` when any are, else those at least `best` (within the tie tolerance)."""
+    order = np.lexsort((np.arange(len(scores)), -scores))
+    above = [i for i in order if scores[i] > best + TIE]
+    pool = above if above else [i for i in order if scores[i] >= best - TIE]
+    return np.asarray(pool[:top_n], np.int64)
+
+
+class HeRL(Explorer):
+    name = "herl"
+
+    def __init__(self, cfg: HeRLSection, instruction: str = ""):
+        self.cfg = cfg
+        self.instruction = instruction
+
+    def extra_contexts(self) -> int:
+        return self.extra if self.cfg.train_on == "revise_prompt" else 0
+
+    def context_tokens(self) -> int:
+        return self.guided_context if self.cfg.train_on == "revise_prompt" else 0
+
+    def init(self, setup: Setup) -> dict:
+        c = self.cfg
+        if setup.encode is None:
+            raise ValueError("HeRL needs the run's prompt encoder (Setup.encode) to build revise prompts")
+        self.setup = setup
+        self.guided_rows = c.candidate_limit * c.num_guided
+        self.extra = setup.prompts_per_step * c.replace_top_n
+        # the longest revise prompt: the question and every rubric item listed, plus a draft of a full response
+        longest = max((len(setup.encode(self._revise_text(i, np.ones(self._num_items(i), bool), "")))
+                       for i in range(setup.num_items)), default=0)
+        self.guided_context = bucket(longest + setup.max_new_tokens, 16)
+        return {}
+
+    def _question(self, item: int) -> str:
+        q = self.setup.items[item].question
+        return q + (f"\n{self.instruction}" if self.instruction else "")
+
+    def _rubric(self, item: int) -> list[dict]:
+        text = self.setup.items[item].rubric
+        return json.loads(text) if text else []
+
+    def _num_items(self, item: int) -> int:
+        return len(self._rubric(item))
+
+    def _revise_text(self, item: int, met: np.ndarray, draft: str) -> str:
+        rubric = self._rubric(item)
+        return self.cfg.revise_template.format(
+            question=self._question(item), draft=draft,
+            met=_bullets([r["description"] for k, r in enumerate(rubric) if met[k]]),
+            unmet=_bullets([r["description"] for k, r in enumerate(rubric) if not met[k]]))
+
+    def revise(self, state, rollouts: Rollouts, info: StepInfo, sample: SampleFn, score: ScoreFn,
+               logprobs: LogprobFn | None = None) -> tuple[Rollouts, dict]:
+        c, plan = self.cfg, rollouts.plan
+        scored = rollouts.scored
+        met = rollouts.met if rollouts.met is not None else np.zeros((rollouts.rows, 0), bool)
+        failed = failed_groups(plan.group, scored, ~plan.replayed & ~plan.hindsight, c.threshold)
+        cands = candidates(failed, scored, met.sum(axis=1), c.candidate_limit)
+        metrics = {"herl_failed_groups": len(failed), "herl_candidates": len(cands), "herl_revisions": 0,
+                   "herl_kept": 0, "herl_sampled_tokens": 0}
+        if not cands:
+            return rollouts, metrics
+        rows = np.repeat([r for _, r in cands], c.num_guided)
+        contexts = []
+        for r in rows:
+            item = int(plan.prompt[r])
+            k = self._num_items(item)
+            contexts.append(self.setup.encode(self._revise_text(item, met[r, :k], rollouts.texts[r])))
+        n = len(rows)
+        guided = RowPlan(prompt=plan.prompt[rows], group=plan.group[rows],
+                         temperature=np.full(n, c.guided_temperature, np.float32), prefix=((),) * n,
+                         replayed=np.zeros(n, bool), hindsight=np.ones(n, bool),
+                         row_keys=np.asarray(row_key_data(jax.random.fold_in(info.key, 0), n)))
+        out = sample(guided, contexts, min_rows=self.guided_rows, min_context=self.guided_context)
+        revised = score(guided, out)  # against the ORIGINAL items and rubrics
+        rev = revised.scored
+        best_rev = rev.reshape(len(cands), c.num_guided).max(axis=1)
+        cand_rows = np.array([r for _, r in cands])
+        bonus = c.alpha * (best_rev - scored[cand_rows])
+        rewards = rollouts.rewards.copy()
+        rewards[cand_rows] += bonus
+
+        rng = np.random.default_rng(np.asarray(jax.random.key_data(jax.random.fold_in(info.key, 1))))
+        cand_of = np.repeat([f for f, _ in cands], c.num_guided)  # failed-group index of each revision
+        victims, kept = [], []
+        copies = []  # (victim row, original row) for keep_best_original
+        for f, (_, grows, best) in enumerate(failed):
+            mine = np.flatnonzero(cand_of == f)
+            pick = mine[choose_revisions(rev[mine], best, c.replace_top_n)] if len(mine) else np.zeros(0, int)
+            places = rng.permutation(grows)
+            if len(pick):
+                victims += places[:len(pick)].tolist()
+                kept += pick.tolist()
+            elif c.keep_best_original and len(mine):
+                copies.append((int(places[0]), int(cands[[i for i, (ff, _) in enumerate(cands) if ff == f][0]][1])))
+        result = dataclasses.replace(rollouts, rewards=rewards, advantages=None)
+        if kept:
+            new = revised.take(np.asarray(kept))
+            if c.train_on == "original":
+                moved = new.out.with_prompts([self.setup.prompts[int(p)] for p in new.plan.prompt])
+                if logprobs is None:
+                    raise ValueError("HeRL train_on=original needs the trainer's log-prob pass")
+                lp = np.asarray(logprobs(moved), np.float32)
+                moved = dataclasses.replace(moved, logprobs=np.where(moved.response_mask, lp, 0.0).astype(np.float32))
+                new = dataclasses.replace(new, out=moved)
+            result = result.replace_rows(np.asarray(victims), new)
+        if copies:
+            result = result.replace_rows(np.array([v for v, _ in copies]),
+                                         result.take(np.array([o for _, o in copies])))
+        metrics.update({
+            "herl_revisions": n, "herl_kept": len(kept) + len(copies),
+            "herl_revision_success": float(np.mean(rev > np.array([failed[f][2] for f in cand_of]) + TIE)),
+            "herl_revision_reward": float(rev.mean()), "herl_bonus_mean": float(bonus.mean()),
+            "herl_sampled_tokens": int(out.num_generated.sum())})
+        return result, metrics

@@ -1,0 +1,213 @@
+"""HeRL's hindsight step (ALGORITHMS.md §2) without a model: failed groups, candidate selection, the
+revision choice against brute force, and `revise` with a stub sampler and scorer: revise prompts name
+the met and unmet items and carry the draft, candidates get the bonus, chosen revisions replace random
+members of their group flagged hindsight, under the original prompt with teacher-forced log-probs or
+under the revise prompt with the sampler's."""
+
+import dataclasses
+import itertools
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from jaxrl_llm.config import HeRLSection
+from jaxrl_llm.data.tasks import TaskItem
+from jaxrl_llm.explore.base import Setup, StepInfo
+from jaxrl_llm.explore.herl import HeRL, candidates, choose_revisions, failed_groups
+from jaxrl_llm.explore.rows import RowPlan, Rollouts
+from jaxrl_llm.sampling.sampler import FINISH_STOP, SampleOutput
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_selection_matches_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    n, g = 24, 4
+    group = np.repeat(np.arange(g), n // g)
+    scored = rng.choice([0.0, 0.25, 0.5, 1.0], size=n)
+    met = rng.integers(0, 4, size=n)
+    eligible = rng.random(n) < 0.9
+    failed = failed_groups(group, scored, eligible, 1.0)
+    want = [(k, np.flatnonzero((group == k) & eligible)) for k in range(g) if eligible[group == k].any()]
+    want = [(k, rows, scored[rows].max()) for k, rows in want if scored[rows].max() < 1.0]
+    assert [(a, b.tolist(), c) for a, b, c in failed] == [(a, b.tolist(), c) for a, b, c in want]
+    for limit in (1, 3, 100):
+        got = candidates(failed, scored, met, limit)
+        ranked = [sorted([r for r in rows if abs(scored[r] - best) < 1e-6], key=lambda r: (-met[r], r))
+                  for _, rows, best in failed]
+        brute = [(f, r[k]) for k in range(n) for f, r in enumerate(ranked) if k < len(r)][:limit]
+        assert got == brute
+    for scores in itertools.product([0.0, 0.5, 1.0], repeat=3):
+        scores = np.array(scores)
+        for best, top in ((0.5, 1), (0.5, 2), (1.0, 1)):
+            got = choose_revisions(scores, best, top).tolist()
+            above = sorted([i for i in range(3) if scores[i] > best], key=lambda i: (-scores[i], i))
+            at_least = sorted([i for i in range(3) if scores[i] >= best], key=lambda i: (-scores[i], i))
+            assert got == (above or at_least)[:top]
+
+
+RUBRIC = [{"description": "Say A.", "weight": 1, "check": "py:contains_all", "args": {"keywords": ["A"]}},
+          {"description": "Say B.", "weight": 1, "check": "py:contains_all", "args": {"keywords": ["B"]}}]
+
+
+def _encode(text):
+    return [ord(ch) % 97 + 3 for ch in text]
+
+
+def _setup():
+    items = [TaskItem(uid=str(i), question=f"Question {i}", answer="", scorer="rubric", rubric=json.dumps(RUBRIC))
+             for i in range(3)]
+    prompts = [[10 + i, 20, 30] for i in range(3)]
+    return Setup(num_items=3, prompts_per_step=3, group_size=4, rows=12, total_steps=5, steps_per_epoch=1,
+                 vocab_size=100, temperature=1.0, items=items, prompts=prompts, max_new_tokens=4, encode=_encode)
+
+
+def _out(prompts, responses, temperature):
+    n = len(prompts)
+    width = max(32, max(len(p) + len(r) for p, r in zip(prompts, responses)))
+    tokens = np.zeros((n, width), np.int32)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        tokens[i, :len(p) + len(r)] = list(p) + list(r)
+    logp = np.zeros((n, width), np.float32)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        logp[i, len(p):len(p) + len(r)] = -0.5
+    return SampleOutput(tokens=tokens, prompt_len=np.array([len(p) for p in prompts], np.int32),
+                        prefix_len=np.zeros(n, np.int32), num_generated=np.array([len(r) for r in responses], np.int32),
+                        logprobs=logp, entropy=np.zeros((n, width), np.float32),
+                        finish_reason=np.full(n, FINISH_STOP), temperature=np.asarray(temperature, np.float32))
+
+
+def _rollouts(setup):
+    plan = RowPlan.groups([4, 4, 4], 1.0, jax.random.key(0), prompt_ids=[0, 1, 2])
+    # group 0 fails (best 0.5, rows 1 and 2 tied, row 2 meets more... both meet one item); group 1 solved;
+    # group 2 fails with best 0.0
+    scored = np.array([0.0, 0.5, 0.5, 0.0, 1.0, 1.0, 0.5, 0.0, 0.0, 0.0, 0.0, 0.0], np.float32)
+    met = np.zeros((12, 2), bool)
+    met[1, 0] = met[2, 1] = True
+    met[4] = met[5] = True
+    met[6, 0] = True
+    texts = tuple(f"draft {i}" for i in range(12))
+    out = _out([setup.prompts[p] for p in plan.prompt], [[5, 6]] * 12, plan.temperature)
+    return Rollouts(plan, out, scored.copy(), texts, met)
+
+
+class _Stub:
+    """sample: remembers the contexts; revision i gets score scores[i]; logprobs: -2 everywhere."""
+
+    def __init__(self, scores):
+        self.scores = np.asarray(scores, np.float32)
+        self.calls = []
+
+    def sample(self, plan, contexts=None, **shape):
+        self.calls.append((plan, contexts, shape))
+        return _out(contexts, [[7, 8, 9]] * plan.rows, plan.temperature)
+
+    def score(self, plan, out):
+        met = np.stack([self.scores >= 0.5, self.scores >= 1.0], axis=1)
+        return Rollouts(plan, out, self.scores.copy(), tuple(f"rev {i}" for i in range(plan.rows)), met)
+
+    def logprobs(self, out):
+        return np.full(out.tokens.shape, -2.0, np.float32)
+
+
+@pytest.mark.parametrize("train_on", ["original", "revise_prompt"])
+def test_revise_replaces_with_revisions_and_gives_the_bonus(train_on):
+    setup = _setup()
+    herl = HeRL(HeRLSection(enabled=True, alpha=0.1, train_on=train_on, candidate_limit=8), instruction="Be brief.")
+    herl.init(setup)
+    r = _rollouts(setup)
+    # candidates: group 0 rows 1, 2 (tied at 0.5); group 2 rows 8..11 (tied at 0.0): round-robin 1, 8, 2, 9, 10, 11
+    stub = _Stub([1.0, 0.0, 0.5, 0.0, 0.0, 0.0])
+    info = StepInfo(step=1, prompt_ids=np.arange(3), key=jax.random.key(5))
+    new, m = herl.revise({}, r, info, stub.sample, stub.score, stub.logprobs)
+    plan, contexts, shape = stub.calls[0]
+    assert plan.prompt.tolist() == [0, 2, 0, 2, 2, 2] and plan.hindsight.all()
+    assert np.allclose(plan.temperature, 0.3) and shape == {"min_rows": 8, "min_context": herl.guided_context}
+    want = herl._revise_text(0, np.array([True, False]), "draft 1")
+    assert contexts[0] == _encode(want) and "Question 0\nBe brief." in want and "draft 1" in want
+    assert "- Say A." in want.split("It does not")[0] and "- Say B." in want.split("It does not")[1]
+    # bonus: candidate rows r <- r + 0.1 (best revision of the candidate - r)
+    bonus = {1: 0.1 * (1.0 - 0.5), 8: 0.0, 2: 0.1 * (0.5 - 0.5), 9: 0.0, 10: 0.0, 11: 0.0}
+    # group 0 takes revision 0 (1.0 > 0.5); group 2 takes the best at least 0.0: revision 1 (lowest index)
+    assert m["herl_failed_groups"] == 2 and m["herl_candidates"] == 6 and m["herl_kept"] == 2
+    assert m["herl_revision_success"] == pytest.approx(1 / 6)  # only revision 0 (1.0 > 0.5) beats its best
+    assert m["herl_sampled_tokens"] == 18
+    hind = np.flatnonzero(new.plan.hindsight)
+    assert len(hind) == 2 and set(new.plan.group[hind]) == {0, 2}
+    g0 = hind[new.plan.group[hind] == 0][0]
+    assert g0 in range(0, 4) and new.rewards[g0] == 1.0 and new.scored[g0] == 1.0
+    for row, b in bonus.items():
+        if row not in hind:
+            assert new.rewards[row] == pytest.approx(r.scored[row] + b)
+            assert new.scored[row] == r.scored[row]
+    untouched = [i for i in range(12) if i not in hind and i not in bonus]
+    np.testing.assert_array_equal(new.rewards[untouched], r.rewards[untouched])
+    o = new.out
+    resp = slice(int(o.context_len[g0]), int(o.context_len[g0] + o.num_generated[g0]))
+    assert o.tokens[g0, resp].tolist() == [7, 8, 9]
+    if train_on == "original":
+        assert o.tokens[g0, :o.prompt_len[g0]].tolist() == setup.prompts[0]
+        assert (o.logprobs[g0, resp] == -2.0).all()  # teacher-forced under the original prompt
+    else:
+        assert o.tokens[g0, :o.prompt_len[g0]].tolist() == contexts[0]
+        assert (o.logprobs[g0, resp] == -0.5).all()  # the sampler's
+    assert new.advantages is None
+
+
+def test_nothing_failed_or_nothing_qualifies():
+    setup = _setup()
+    herl = HeRL(HeRLSection(enabled=True, keep_best_original=True), "")
+    herl.init(setup)
+    r = _rollouts(setup)
+    solved = dataclasses.replace(r, rewards=np.ones(12, np.float32), scored=np.ones(12, np.float32))
+    stub = _Stub([])
+    same, m = herl.revise({}, solved, StepInfo(1, np.arange(3), jax.random.key(0)), stub.sample, stub.score)
+    assert same is solved and m["herl_failed_groups"] == 0 and not stub.calls
+    # revisions all below their group's best: no revision kept; keep_best_original copies the best response
+    stub = _Stub([0.0] * 6)
+    r2 = dataclasses.replace(r, scored=np.where(np.arange(12) >= 8, 0.25, r.scored).astype(np.float32))
+    new, m = herl.revise({}, r2, StepInfo(1, np.arange(3), jax.random.key(0)), stub.sample, stub.score,
+                         stub.logprobs)
+    assert m["herl_kept"] == 2 and not new.plan.hindsight.any()
+    assert sorted(new.texts).count("draft 1") == 2  # group 0's best (row 1, first of the tied) copied once
+
+
+def test_herl_in_the_trainer_keeps_revisions_and_compiles_nothing_after_warmup(tmp_path):
+    """The tiny model on rubric tasks it mostly fails: every step revises the failed groups' best
+    responses through the real sampler (under a short template), scores them against the original
+    rubrics, keeps some, recomputes their log-probs under the original prompt, and trains them with
+    the hindsight loss; the step's programs are all compiled by step 2."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from test_e3 import _compilations
+    from test_trainer import _tiny_cfg, _train_rows
+
+    from jaxrl_llm.train.loop import Run
+
+    rows = [{"question": f"Q{i}", "rubric": [
+        {"description": "a", "weight": 1, "check": "py:contains_all", "args": {"keywords": ["a"]}},
+        {"description": "short", "weight": 1, "check": "py:max_words", "args": {"n": 1}}]} for i in range(8)]
+    data = tmp_path / "rubric.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = _tiny_cfg(tmp_path, f"data.path={data}", "rollout.group_size=8",
+                    "rollout.max_new_tokens=4", "algo.micro_batch=32", "explore.herl.enabled=true",
+                    "explore.herl.candidate_limit=4", "explore.herl.replace_top_n=2",
+                    "explore.herl.revise_template='Q {question} D {draft} M {met} U {unmet}'",
+                    "train.steps=5", "train.checkpoint_every=100", "eval.every=100")
+    Run(cfg, log=lambda *a: None).train()
+    # and an empty held-out set (every eval question also a training one) summarises without failing
+    logs = []
+    Run(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, eval_path=str(data)),
+                            train=dataclasses.replace(cfg.train, steps=0, out_dir=str(tmp_path / "empty"))),
+        log=logs.append).train()
+    assert any("no held-out problems were evaluated" in ln for ln in logs), logs
+    got = _train_rows(cfg.train.out_dir)
+    assert all(got[s]["herl_failed_groups"] >= 1 and got[s]["herl_revisions"] == got[s]["herl_candidates"]
+               for s in got)
+    assert sum(got[s]["herl_kept"] for s in got) >= 1, got
+    assert all(got[s]["sampled_tokens"] > got[s]["herl_sampled_tokens"] > 0 for s in got)
+    counts = _compilations(cfg.train.out_dir)
+    assert counts[1:] == [counts[1]] * (len(counts) - 1), counts
