@@ -174,10 +174,11 @@ def test_nothing_failed_or_nothing_qualifies():
 
 
 def test_herl_in_the_trainer_keeps_revisions_and_compiles_nothing_after_warmup(tmp_path):
-    """The tiny model on rubric tasks it mostly fails: every step revises the failed groups' best
-    responses through the real sampler (under a short template), scores them against the original
-    rubrics, keeps some, recomputes their log-probs under the original prompt, and trains them with
-    the hindsight loss; the step's programs are all compiled by step 2."""
+    """The tiny model on rubric tasks it mostly fails, the policy judging the 'judge' items: every
+    step revises the failed groups' best responses through the real sampler (under a short template),
+    scores them against the original rubrics, keeps some, recomputes their log-probs under the
+    original prompt, and trains them with the hindsight loss; the step's programs are all compiled by
+    step 2 (the judge's greedy calls included)."""
     import sys
     from pathlib import Path
 
@@ -189,14 +190,19 @@ def test_herl_in_the_trainer_keeps_revisions_and_compiles_nothing_after_warmup(t
 
     rows = [{"question": f"Q{i}", "rubric": [
         {"description": "a", "weight": 1, "check": "py:contains_all", "args": {"keywords": ["a"]}},
-        {"description": "short", "weight": 1, "check": "py:max_words", "args": {"n": 1}}]} for i in range(8)]
+        {"description": "short", "weight": 1, "check": "py:max_words", "args": {"n": 1}},
+        {"description": "kind", "weight": 1, "check": "judge"}]} for i in range(8)]
     data = tmp_path / "rubric.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = _tiny_cfg(tmp_path, f"data.path={data}", "rollout.group_size=8",
                     "rollout.max_new_tokens=4", "algo.micro_batch=32", "explore.herl.enabled=true",
                     "explore.herl.candidate_limit=4", "explore.herl.replace_top_n=2",
                     "explore.herl.revise_template='Q {question} D {draft} M {met} U {unmet}'",
-                    "train.steps=5", "train.checkpoint_every=100", "eval.every=100")
+                    "train.steps=5", "train.checkpoint_every=100", "eval.every=100",
+                    # the policy judges the 'judge' item (a random model never answers in JSON: parse failures)
+                    "reward.judge=policy", "reward.judge_max_new_tokens=4",
+                    "model.scratch={hidden_size: 32, intermediate_size: 64, num_layers: 1, num_heads: 2, "
+                    "num_kv_heads: 1, head_dim: 16, max_position_embeddings: 1024, tie_embeddings: true}")
     Run(cfg, log=lambda *a: None).train()
     # and an empty held-out set (every eval question also a training one) summarises without failing
     logs = []
@@ -209,5 +215,8 @@ def test_herl_in_the_trainer_keeps_revisions_and_compiles_nothing_after_warmup(t
                for s in got)
     assert sum(got[s]["herl_kept"] for s in got) >= 1, got
     assert all(got[s]["sampled_tokens"] > got[s]["herl_sampled_tokens"] > 0 for s in got)
+    # every scored row (the step's 32 and the revisions) asked the judge twice without a parsable verdict
+    fails = [got[s]["judge_parse_failures"] for s in sorted(got)]
+    assert fails[0] >= 32 and all(b - a >= 32 for a, b in zip(fails, fails[1:])), fails
     counts = _compilations(cfg.train.out_dir)
     assert counts[1:] == [counts[1]] * (len(counts) - 1), counts

@@ -1,7 +1,8 @@
-"""Rubric tasks in the trainer's reward step: rows with a `rubric` load as rubric tasks (judge items
-refused until the judge runs in the reward step), `data.source: rubric` generates them, and the
-reward pool grades them in its worker processes: reward sum w m / sum w (never thresholded), the
-items met per row, answer tasks unchanged beside them, a failed job scoring 0 with nothing met."""
+"""Rubric tasks in the trainer's reward step: rows with a `rubric` load as rubric tasks,
+`data.source: rubric` generates them, and the reward pool grades them in its worker processes: reward
+sum w m / sum w (never thresholded), the items met per row, answer tasks unchanged beside them, a
+failed job scoring 0 with nothing met; 'judge' items are decided by the judge (a stub generator here,
+the policy through the sampler in a run with reward.judge=policy) and refused without one."""
 
 import dataclasses
 import json
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.config import load_config
-from jaxrl_llm.data.tasks import DataError, TaskItem, load_items, load_splits
+from jaxrl_llm.data.tasks import DataError, TaskItem, load_items, load_splits  # noqa: F401
 from jaxrl_llm.rewards.pool import RewardPool
 from jaxrl_llm.train.rollout import score_rows, score_texts
 
@@ -26,17 +27,13 @@ def _cfg(tmp_path, rows, *extra):
                               "reward.partial_credit=false", *extra]), path
 
 
-def test_rubric_rows_load_and_judge_items_are_refused(tmp_path):
+def test_rubric_rows_load_and_bad_items_name_the_row(tmp_path):
     cfg, path = _cfg(tmp_path, [{"question": "Say hi.", "rubric": RUBRIC},
                                 {"question": "1+1?", "answer": "2", "scorer": "exact"}])
     rub, plain = load_items(cfg.data, "train")
     assert rub.scorer == "rubric" and json.loads(rub.rubric) == json.loads(rub.entry_json)
     assert [it["check"] for it in json.loads(rub.rubric)] == [r["check"] for r in RUBRIC] and rub.answer == ""
     assert plain.scorer == "exact" and plain.rubric == ""
-    judged = [{"question": "Q", "rubric": RUBRIC + [{"description": "kind", "weight": 1, "check": "judge"}]}]
-    cfg, path = _cfg(tmp_path, judged)
-    with pytest.raises(DataError, match=r"tasks.jsonl: row 0: rubric items \[3\] are 'judge' checks"):
-        load_items(cfg.data, "train")
     cfg, path = _cfg(tmp_path, [{"question": "Q", "rubric": [{"description": "d", "weight": 1, "check": "py:nope"}]}])
     with pytest.raises(DataError, match=r"row 0 item 0"):
         load_items(cfg.data, "train")
@@ -71,3 +68,41 @@ def test_pool_grades_rubrics_beside_answer_tasks(tmp_path):
     with RewardPool(1, 10.0) as pool:
         rewards, met = score_rows(pool, cfg, [broken, plain], ["x", "2"], np.array([0, 1]))
         assert pool.stats.errors == 1 and rewards.tolist() == [0.0, 1.0] and not met.any()
+
+
+def test_judge_items_are_decided_by_the_judge_and_refused_without_one(tmp_path):
+    from jaxrl_llm.rewards.judge import Judge
+
+    judged = RUBRIC + [{"description": "Kind.", "weight": 4, "check": "judge"},
+                       {"description": "Calm.", "weight": 2, "check": "judge"}]
+    cfg, path = _cfg(tmp_path, [{"question": "Say hi.", "rubric": judged}])
+    items = load_items(cfg.data, "train")
+    asked = []
+
+    def generate(prompts):
+        asked.extend(prompts)
+        return ["Verdict: [1, 0]" if "a cat" in p else "no idea" for p in prompts]
+
+    judge = Judge(generate)
+    with RewardPool(1, 10.0) as pool:
+        rewards, met = score_rows(pool, cfg, items, ["a cat sat", "one, two"], np.array([0, 0]), judge)
+        # row 0: no comma, 3 words, cat, judged kind yes / calm no: (1 + 3 + 0 + 4) / 10; row 1: a comma, 2 words,
+        # and the judge answers nothing usable twice: its items score 0 and count as a parse failure: 3 / 10
+        np.testing.assert_allclose(rewards, [0.8, 0.3], rtol=1e-6)
+        np.testing.assert_array_equal(met, [[1, 1, 1, 1, 0], [0, 1, 0, 0, 0]])
+        assert judge.parse_failures == 1 and len(asked) == 3 and "Kind." in asked[0] and "No commas." not in asked[0]
+        no_judge, _ = score_rows(pool, cfg, items, ["a cat sat"], np.array([0]))
+        assert no_judge[0] == pytest.approx(0.4)  # judge items unmet without a judge
+
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from test_trainer import _tiny_cfg
+
+    from jaxrl_llm.train.loop import Run
+
+    cfg, path = _cfg(tmp_path, [{"question": f"Say hi {i}.", "rubric": judged} for i in range(8)])
+    run_cfg = _tiny_cfg(tmp_path / "run", f"data.path={path}")
+    with pytest.raises(ValueError, match="rubric items checked by 'judge'.*reward.judge=policy"):
+        Run(run_cfg, log=lambda *a: None)

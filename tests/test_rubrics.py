@@ -274,7 +274,7 @@ def test_sampler_generate_greedy_chat_decoded():
     assert generate(["judge this", "and this"]) == ["[1, 0]", "[1, 0]"]
     prompts, kwargs = sampler.calls[0]
     assert prompts[0] == encode_chat(tok, [{"role": "user", "content": "judge this"}])
-    assert kwargs == {"max_new_tokens": 16, "temperature": 0.0}
+    assert kwargs == {"max_new_tokens": 16, "temperature": 0.0, "min_rows": 0}
     plain = sampler_generate(sampler, "params", tok, max_new_tokens=16, chat_template=False)
     assert plain(["judge this"]) == ["[1, 0]"]
     assert sampler.calls[1][0][0] == tok("judge this", add_special_tokens=False)["input_ids"]

@@ -58,16 +58,12 @@ def _reasoning_gym(cfg: DataSection, split: str) -> list[TaskItem]:
 
 def _rubric_item(uid: str, question: str, rubric_items, where: str, answer: str = "", reference: str = "",
                  difficulty: float = float("nan")) -> TaskItem:
-    from jaxrl_llm.rewards.rubrics import JUDGE, RubricError, dump_rubric, parse_rubric
+    from jaxrl_llm.rewards.rubrics import RubricError, dump_rubric, parse_rubric
 
     try:
         rubric = parse_rubric(rubric_items, where)
     except RubricError as e:
         raise DataError(str(e)) from None
-    judged = [k for k, it in enumerate(rubric) if it.check == JUDGE]
-    if judged:
-        raise DataError(f"{where}: rubric items {judged} are 'judge' checks; the trainer does not run the LLM judge "
-                        f"in its reward step yet (rewards/judge.py exists; HeRL issue), so they would always score 0")
     text = dump_rubric(rubric)
     return TaskItem(uid=uid, question=question, answer=answer, scorer="rubric", entry_json=text,
                     reference=reference, difficulty=difficulty, rubric=text)

@@ -80,9 +80,11 @@ class Judge:
         return [v if v is not None else [0] * n for v, n in zip(verdicts, sizes)]
 
 
-def sampler_generate(sampler, params, tokenizer, max_new_tokens: int, chat_template: bool = True) -> Generate:
+def sampler_generate(sampler, params, tokenizer, max_new_tokens: int, chat_template: bool = True,
+                     min_rows: int = 0) -> Generate:
     """`generate` from our Sampler: greedy (temperature 0), each prompt as one user turn through the tokenizer's
-    chat template when it has one (and `chat_template`), the generated tokens decoded without special tokens."""
+    chat template when it has one (and `chat_template`), the generated tokens decoded without special tokens.
+    `min_rows`: the sampler's batch floor, so calls of varying sizes share a program."""
     use_template = chat_template and bool(getattr(tokenizer, "chat_template", None))
 
     def encode(prompt: str) -> list[int]:
@@ -91,7 +93,8 @@ def sampler_generate(sampler, params, tokenizer, max_new_tokens: int, chat_templ
         return tokenizer(prompt, add_special_tokens=False)["input_ids"]
 
     def generate(prompts: list[str]) -> list[str]:
-        out = sampler(params, [encode(p) for p in prompts], max_new_tokens=max_new_tokens, temperature=0.0)
+        out = sampler(params, [encode(p) for p in prompts], max_new_tokens=max_new_tokens, temperature=0.0,
+                      min_rows=min_rows)
         return [tokenizer.decode(out.generated(i), skip_special_tokens=True) for i in range(out.rows)]
 
     return generate

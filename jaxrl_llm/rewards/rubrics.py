@@ -346,3 +346,8 @@ def score_rubric(rubric_json: str, response: str) -> tuple[float, list[int]]:
     """grade() for a worker process: the rubric as JSON text (`dump_rubric`); judge items count as unmet."""
     value, met = grade(_parsed(rubric_json), response)
     return value, met.astype(int).tolist()
+
+
+def rubric_items(rubric_json: str) -> tuple[RubricItem, ...]:
+    """The items of a rubric given as JSON text (`dump_rubric`), parsed once per distinct text."""
+    return _parsed(rubric_json)

@@ -10,6 +10,7 @@ a resumed run draws the same prompts and samples as an uninterrupted one.
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from pathlib import Path
@@ -27,6 +28,7 @@ from jaxrl_llm.data.tasks import load_sft_items, load_splits
 from jaxrl_llm.model.hf_io import export_hf_folder
 from jaxrl_llm.model.tokenizer import pad_id, stop_ids
 from jaxrl_llm.parallel.mesh import make_mesh
+from jaxrl_llm.rewards.judge import Judge, sampler_generate
 from jaxrl_llm.rewards.pool import RewardPool
 from jaxrl_llm.rl.forward import cast_floats
 from jaxrl_llm.explore.base import KEY_PHASE, Explorers, Setup, StepInfo
@@ -165,6 +167,15 @@ class Run:
             self.min_context = bucket(max(longest + self.explorers.prefix_tokens(), self.explorers.context_tokens()), 16)
         # teacher-forced log-probs of rows moved under another context (HeRL train_on=original): one shape
         self.logprob_width = bucket(longest + cfg.rollout.max_new_tokens, 16)
+        judged = [it.uid for it, _ in self.train_items + eval_items
+                  if it.rubric and any(x["check"] == "judge" for x in json.loads(it.rubric))]
+        if judged and not cfg.reward.judge:
+            raise ValueError(f"{len(judged)} tasks have rubric items checked by 'judge' (first: {judged[0]}); set "
+                             f"reward.judge=policy to have the policy judge them, or remove those items")
+        # the policy as the judge of 'judge' rubric items: greedy, with the parameters of the moment
+        self.judge = Judge(lambda prompts: sampler_generate(
+            self.sampler, self.sampling_params(), tok, cfg.reward.judge_max_new_tokens, cfg.data.chat_template,
+            min_rows=self.rows)(prompts)) if cfg.reward.judge == "policy" else None
         self.sampler = Sampler(self.policy.graphdef, pad_id=pad_id(tok), stop_ids=stop_ids(tok, model_cfg.eos_token_ids),
                                max_cache_len=model_cfg.max_position_embeddings, mesh=self.mesh,
                                share_prefill=cfg.rollout.shared_prefix, min_context=self.min_context,
@@ -298,7 +309,7 @@ class Run:
         t0 = time.perf_counter()
         out = sample_plan(self.sampler, params, cfg, prompts, plan)
         t1 = time.perf_counter()
-        score_fn = lambda plan, out: score(pool, self.tok, cfg, items, plan, out)  # noqa: E731
+        score_fn = lambda plan, out: score(pool, self.tok, cfg, items, plan, out, self.judge)  # noqa: E731
         rollouts = score_fn(plan, out)
         t2 = time.perf_counter()
         sample_fn = lambda plan, contexts=None, **shape: sample_plan(  # noqa: E731
@@ -362,6 +373,7 @@ class Run:
             "time_update_s": t2 - t1, "time_step_s": time.perf_counter() - t0,
             "compilations": compile_counter.compilations(), "reward_errors": pool.stats.errors,
             "reward_timeouts": pool.stats.timeouts, "dropped_prompts": self.dropped_prompts,
+            **({"judge_parse_failures": self.judge.parse_failures} if self.judge is not None else {}),
             **explore_metrics,
         })
         metrics["time_other_s"] = metrics["time_step_s"] - metrics["time_sample_s"] - metrics["time_reward_s"] \
@@ -371,7 +383,7 @@ class Run:
     def evaluate(self, pool: RewardPool) -> dict:
         items = self.eval_items if self.cfg.eval.split == "heldout" else self.train_items[:self.cfg.eval.size]
         return evaluate(self.sampler, self.sampling_params(), pool, self.tok, self.cfg, items,
-                        self.key(PHASE_EVAL, self.state.step))
+                        self.key(PHASE_EVAL, self.state.step), self.judge)
 
     # -- the loop ---------------------------------------------------------------------------------
     def _write(self, writer: MetricsWriter, step: int, metrics: dict, kind: str = "train") -> None:

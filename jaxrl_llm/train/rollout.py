@@ -18,7 +18,9 @@ import numpy as np
 from jaxrl_llm.config import Config
 from jaxrl_llm.data.tasks import TaskItem
 from jaxrl_llm.explore.rows import RowPlan, Rollouts
+from jaxrl_llm.rewards.judge import Judge, aligned, judge_items
 from jaxrl_llm.rewards.pool import RewardPool
+from jaxrl_llm.rewards.rubrics import rubric_items
 from jaxrl_llm.rl.advantages import group_advantages
 from jaxrl_llm.rl.batch import RowBatch
 from jaxrl_llm.sampling.sampler import FINISH_LENGTH, Sampler, SampleOutput
@@ -54,13 +56,16 @@ def response_texts(tok, out: SampleOutput) -> list[str]:
 
 
 def score_rows(pool: RewardPool, cfg: Config, items: Sequence[TaskItem], texts: Sequence[str],
-               row_item: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+               row_item: np.ndarray, judge: Judge | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """(rewards [N], met [N, K] | None) of texts[i] as an answer to items[row_item[i]]: answer scorers give
     0/1 (their partial credit with reward.partial_credit); rubric tasks give sum w m / sum w and the items
-    met (K: the most items any row's rubric has; False past a rubric's end and where scoring failed)."""
+    met (K: the most items any row's rubric has; False past a rubric's end and where scoring failed). The
+    pool checks the programmatic items; `judge` decides the 'judge' items (unmet without one)."""
     jobs = [(items[j].scorer, items[j].answer, items[j].entry_json, texts[i], cfg.data.answer_format)
             for i, j in enumerate(row_item)]
     results = pool.map(jobs)
+    if judge is not None:
+        results = _with_verdicts(judge, items, texts, row_item, results)
     rewards = np.array([r[0] if isinstance(r, tuple) else r for r in results], np.float32)
     rubric = np.array([items[j].scorer == "rubric" for j in row_item], bool)
     if not cfg.reward.partial_credit:  # rubric rewards are fractions by definition
@@ -75,18 +80,40 @@ def score_rows(pool: RewardPool, cfg: Config, items: Sequence[TaskItem], texts: 
     return rewards, met
 
 
+def _with_verdicts(judge: Judge, items, texts, row_item, results) -> list:
+    """Pool results of rubric rows with their judge items decided by `judge` (one batch for the call)."""
+    requests, where = [], []
+    for i, j in enumerate(row_item):
+        if items[j].scorer != "rubric" or not isinstance(results[i], tuple):
+            continue
+        rubric = rubric_items(items[j].rubric)
+        asked = judge_items(rubric)
+        if asked:
+            requests.append((items[j].question, texts[i], asked))
+            where.append((i, rubric))
+    if not requests:
+        return results
+    results = list(results)
+    for (i, rubric), verdict in zip(where, judge(requests)):
+        judged = aligned(rubric, verdict)
+        met = [int(m) if v is None else int(v) for m, v in zip(results[i][1], judged)]
+        w = np.array([it.weight for it in rubric], np.float64)
+        results[i] = (float(w @ np.array(met) / w.sum()) if w.sum() > 0 else 0.0, met)
+    return results
+
+
 def score_texts(pool: RewardPool, cfg: Config, items: Sequence[TaskItem], texts: Sequence[str],
-                row_item: np.ndarray) -> np.ndarray:
+                row_item: np.ndarray, judge: Judge | None = None) -> np.ndarray:
     """Rewards [N] of texts[i] as an answer to items[row_item[i]] (score_rows without the items met)."""
-    return score_rows(pool, cfg, items, texts, row_item)[0]
+    return score_rows(pool, cfg, items, texts, row_item, judge)[0]
 
 
 def score(pool: RewardPool, tok, cfg: Config, items: Sequence[TaskItem], plan: RowPlan,
-          out: SampleOutput) -> Rollouts:
+          out: SampleOutput, judge: Judge | None = None) -> Rollouts:
     """Rewards of the sampled plan against the ORIGINAL items of its rows (items of the whole
     training set), and for rubric tasks the items each row met."""
     texts = response_texts(tok, out)
-    rewards, met = score_rows(pool, cfg, items, texts, plan.prompt)
+    rewards, met = score_rows(pool, cfg, items, texts, plan.prompt, judge)
     return Rollouts(plan, out, rewards, tuple(texts), met)
 
 
