@@ -49,20 +49,25 @@ def test_continuations_sample_like_prompt_plus_prefix_and_carry_no_prefix_loss(t
 
 
 def _rrl_cfg(tmp_path, *extra):
-    """E3 + RRL on test_e3's 8 ranked prompts, 4 a step (an epoch is 2 steps: E3's bounds widen to
-    (4, 12) by step 4, ranks re-ranked every 2 steps), after 8 SFT steps; RRL cuts every token of the
-    4-token responses and replays up to 4 states x 4 continuations from step 2 on."""
+    """E3 + RRL + HeRL on test_e3's 8 ranked prompts, 4 a step (an epoch is 2 steps: E3's bounds widen
+    to (4, 12) by step 4, ranks re-ranked every 2 steps), after 8 SFT steps; RRL cuts every token of the
+    4-token responses and replays up to 4 states x 4 continuations from step 2 on; HeRL revises up to 4
+    candidates of the failed fresh groups a step (no rubric: the revise prompt has the draft only)."""
     return _e3_cfg(tmp_path, "rollout.max_new_tokens=4", "algo.micro_batch=32", "explore.e3.rank_every=2",
                    "sft.steps=8", "sft.batch_size=8", "sft.lr=0.01", "explore.rrl.enabled=true",
                    "explore.rrl.boundary=tokens", "explore.rrl.every_tokens=1", "explore.rrl.warmup_steps=1",
                    "explore.rrl.replay_ratio=0.5", "explore.rrl.capacity=64", "explore.rrl.priority_temperature=0.5",
-                   "train.steps=7", "train.checkpoint_every=100", "eval.every=100", *extra)
+                   "train.steps=7", "train.checkpoint_every=100", "eval.every=100",
+                   "explore.herl.enabled=true", "explore.herl.candidate_limit=4",
+                   "explore.herl.revise_template='{question} D {draft} M {met} U {unmet}'",
+                   "model.scratch={hidden_size: 32, intermediate_size: 64, num_layers: 1, num_heads: 2, "
+                   "num_kv_heads: 1, head_dim: 16, max_position_embeddings: 256, tie_embeddings: true}", *extra)
 
 
-def test_e3_rrl_replay_without_recompiling_and_resume_exactly(tmp_path):
-    """One run of E3 + RRL composed, then the same run stopped by SIGTERM after step 3 and resumed:
-    every metric, explorer state (E3's tracker, ranks, bounds, temperature and target; RRL's replay
-    array and trackers) and parameter equal. Plain GRPO's flat compilations and resume are
+def test_e3_rrl_herl_compose_without_recompiling_and_resume_exactly(tmp_path):
+    """One run of E3, RRL and HeRL composed, then the same run stopped by SIGTERM after step 3 and
+    resumed: every metric, explorer state (E3's tracker, ranks, bounds, temperature and target; RRL's
+    replay array and trackers) and parameter equal. Plain GRPO's flat compilations and resume are
     tests/test_trainer.py's."""
     whole = _rrl_cfg(tmp_path / "a")
     run = Run(whole, log=lambda *a: None)
@@ -70,9 +75,13 @@ def test_e3_rrl_replay_without_recompiling_and_resume_exactly(tmp_path):
     rows = _train_rows(whole.train.out_dir)
     assert rows[1]["rrl_replay_rows"] == 0 and rows[1]["rrl_inserted"] > 0  # warm-up: collect only
     assert all(rows[s]["rrl_replay_rows"] == 16 for s in range(2, 8)), [rows[s]["rrl_replay_rows"] for s in rows]
-    # E3 plans 32 fresh rows (bounds widening by epoch), RRL turns 16 of them into continuations
+    # E3 plans 32 fresh rows (bounds widening by epoch), RRL turns 16 of them into continuations, HeRL
+    # swaps a revision into each failed fresh group (one at most; revisions score 0 at worst, the failed
+    # group's best is 0: every failed group keeps one)
     hist = {s: np.asarray(rows[s]["e3_group_size_hist"]) for s in rows}
-    assert all((hist[s] * np.arange(len(hist[s]))).sum() == (32 if s == 1 else 16) for s in rows), hist
+    kept = {s: rows[s]["herl_kept"] for s in rows}
+    assert all(kept[s] == rows[s]["herl_failed_groups"] for s in rows) and sum(kept.values()) >= 7, kept
+    assert all((hist[s] * np.arange(len(hist[s]))).sum() == (32 if s == 1 else 16) - kept[s] for s in rows), hist
     assert [rows[s]["e3_n_max"] for s in (1, 3, 5)] == [8, 10, 12]
     counts = _compilations(whole.train.out_dir)  # step 2 is the first with replay rows: flat from there
     assert counts[1:] == [counts[1]] * (len(counts) - 1), counts
