@@ -204,3 +204,34 @@ def test_worked_references_from_reasoning_gym_end_in_the_answer():
         assert 4 <= len(lines) <= 5 and extract_answer(it.reference, "last_number") == it.answer, it
     with pytest.raises(DataError, match="data.worked='steps' on reasoning-gym task 'chain_sum'"):
         load_items(dataclasses.replace(cfg, task="chain_sum", task_args={}, train_size=2), "train")
+
+
+class _RefTok:
+    """Just enough tokenizer for reference prefixes: characters to ids."""
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [ord(ch) % 40 + 1 for ch in text]}
+
+
+def test_reference_prefixes_of_unsolved_prompts_enter_with_prior_one():
+    from jaxrl_llm.data.tasks import TaskItem
+
+    items = [TaskItem(uid=str(i), question="q", answer="1", scorer="exact", reference="abcdef" if i != 2 else "")
+             for i in range(6)]
+    cfg = RRLSection(enabled=True, boundary="tokens", every_tokens=2, replay_ratio=0.5, continuations=4,
+                     warmup_steps=5, capacity=64, max_prefix_tokens=5, reference_prefixes=True)
+    rrl = RRL(cfg)
+    state = rrl.init(_setup(items=items, tokenizer=_RefTok()))
+    info = StepInfo(step=1, prompt_ids=np.array([0, 1, 2, 3]), key=jax.random.key(1))
+    plan = rrl.plan(state, RowPlan.groups([8] * 4, 1.0, jax.random.key(0), prompt_ids=[0, 1, 2, 3]), info)
+    assert not plan.replayed.any()  # warm-up
+    rewards = np.where(plan.prompt == 1, 1.0, 0.0).astype(np.float32)  # prompt 1 solved
+    new, m = rrl.observe(state, _rollouts(plan, [()] * 32, rewards, np.zeros(32, bool)), info)
+    r = jax.device_get(new.replay)
+    live = np.flatnonzero(r.length > 0)
+    got = {(int(r.prompt[i]), tuple(r.tokens[i, :r.length[i]].tolist()), float(r.prior[i])) for i in live}
+    ids = _RefTok()("abcdef")["input_ids"]
+    # unsolved batch prompts with a reference (0 and 3; 2 has none, 1 is solved): cuts at 2 and 4 tokens
+    # (every 2, shorter than the reference, at most 5), the shortest and the longest kept, prior 1
+    assert got == {(p, tuple(ids[:n]), 1.0) for p in (0, 3) for n in (2, 4)}
+    assert m["rrl_inserted"] == 4
