@@ -115,8 +115,9 @@ class RewardSection:
     # credit (reasoning-gym: len(answer) / len(response) when the answer is a substring), which a small
     # policy can farm by writing long digit strings.
     partial_credit: bool = True
-    # rubric items whose check is "judge": "" refuses them; "policy": the current policy judges them, greedy,
-    # through the run's sampler (rewards/judge.py), in the trainer's process after the pool's checks
+    # rubric items whose check is "judge": "" refuses them; "policy": the current policy judges them; an HF folder
+    # or known short name: that local model does (weights fixed); greedy, through our sampler (rewards/judge.py),
+    # in the trainer's process after the pool's checks
     judge: str = ""
     judge_max_new_tokens: int = 24
 
@@ -259,7 +260,6 @@ CHOICES = {
     "data.worked": ("", "steps"),
     "explore.rrl.boundary": ("line", "sentence", "tokens"),
     "explore.herl.train_on": ("original", "revise_prompt"),
-    "reward.judge": ("", "policy"),
     "algo.advantage": ESTIMATORS,
     "algo.loss_agg": AGGREGATIONS,
     "algo.kl_estimator": KL_ESTIMATORS,

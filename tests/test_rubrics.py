@@ -279,3 +279,28 @@ def test_sampler_generate_greedy_chat_decoded():
     assert plain(["judge this"]) == ["[1, 0]"]
     assert sampler.calls[1][0][0] == tok("judge this", add_special_tokens=False)["input_ids"]
     assert Judge(generate)([("q", "r", judge_items(JUDGED))]) == [[1, 0]]
+
+
+def test_judge_from_a_local_model_folder(tmp_path):
+    """reward.judge=<folder>: the folder's model and tokenizer, loaded once, answer greedily through our
+    sampler, exactly as the sampler does on its own."""
+    from pathlib import Path
+
+    from jaxrl_llm.model.hf_io import export_hf_folder
+    from jaxrl_llm.model.transformer import init_model
+    from jaxrl_llm.rewards.judge import load_judge
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from conftest import TINY
+
+    tok = char_tokenizer()
+    model = init_model(TINY.replace(vocab_size=len(tok), eos_token_ids=(tok.eos_token_id,)), seed=2)
+    folder = export_hf_folder(model, tmp_path / "judge", tokenizer=tok)
+    generate = load_judge(str(folder), max_new_tokens=5)
+    got = generate(["is it kind?", "and this"])
+    sampler, state = Sampler.for_model(model, pad_id=tok.pad_token_id or 0, stop_ids=(tok.eos_token_id,))
+    prompts = [encode_chat(tok, [{"role": "user", "content": p}]) if tok.chat_template
+               else tok(p, add_special_tokens=False)["input_ids"] for p in ["is it kind?", "and this"]]
+    out = sampler(state, prompts, max_new_tokens=5, temperature=0.0)
+    assert got == [tok.decode(out.generated(i), skip_special_tokens=True) for i in range(2)]
+    assert any(got)

@@ -98,3 +98,19 @@ def sampler_generate(sampler, params, tokenizer, max_new_tokens: int, chat_templ
         return [tokenizer.decode(out.generated(i), skip_special_tokens=True) for i in range(out.rows)]
 
     return generate
+
+
+def load_judge(name_or_folder: str, max_new_tokens: int, mesh=None, min_rows: int = 0) -> Generate:
+    """`generate` from a local model other than the policy: an HF folder (or a known short name, prepared
+    locally), loaded once with its tokenizer, its weights fixed, run greedily through our own Sampler."""
+    from jaxrl_llm.model.hf_io import load_hf_folder
+    from jaxrl_llm.model.registry import resolve
+    from jaxrl_llm.model.tokenizer import load_tokenizer, pad_id, stop_ids
+    from jaxrl_llm.sampling.sampler import Sampler
+
+    folder = resolve(name_or_folder)
+    model, model_cfg = load_hf_folder(folder, mesh=mesh)
+    tok = load_tokenizer(folder)
+    sampler, state = Sampler.for_model(model, pad_id=pad_id(tok), stop_ids=stop_ids(tok, model_cfg.eos_token_ids),
+                                       mesh=mesh)
+    return sampler_generate(sampler, state, tok, max_new_tokens, min_rows=min_rows)

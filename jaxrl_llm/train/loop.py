@@ -28,7 +28,7 @@ from jaxrl_llm.data.tasks import load_sft_items, load_splits
 from jaxrl_llm.model.hf_io import export_hf_folder
 from jaxrl_llm.model.tokenizer import pad_id, stop_ids
 from jaxrl_llm.parallel.mesh import make_mesh
-from jaxrl_llm.rewards.judge import Judge, sampler_generate
+from jaxrl_llm.rewards.judge import Judge, load_judge, sampler_generate
 from jaxrl_llm.rewards.pool import RewardPool
 from jaxrl_llm.rl.forward import cast_floats
 from jaxrl_llm.explore.base import KEY_PHASE, Explorers, Setup, StepInfo
@@ -171,11 +171,16 @@ class Run:
                   if it.rubric and any(x["check"] == "judge" for x in json.loads(it.rubric))]
         if judged and not cfg.reward.judge:
             raise ValueError(f"{len(judged)} tasks have rubric items checked by 'judge' (first: {judged[0]}); set "
-                             f"reward.judge=policy to have the policy judge them, or remove those items")
-        # the policy as the judge of 'judge' rubric items: greedy, with the parameters of the moment
-        self.judge = Judge(lambda prompts: sampler_generate(
-            self.sampler, self.sampling_params(), tok, cfg.reward.judge_max_new_tokens, cfg.data.chat_template,
-            min_rows=self.rows)(prompts)) if cfg.reward.judge == "policy" else None
+                             f"reward.judge=policy (or a local model folder) to have them judged, or remove those "
+                             f"items")
+        # the judge of 'judge' rubric items, greedy: the policy with the parameters of the moment, or a local model
+        self.judge = None
+        if cfg.reward.judge == "policy":
+            self.judge = Judge(lambda prompts: sampler_generate(
+                self.sampler, self.sampling_params(), tok, cfg.reward.judge_max_new_tokens, cfg.data.chat_template,
+                min_rows=self.rows)(prompts))
+        elif cfg.reward.judge:
+            self.judge = Judge(load_judge(cfg.reward.judge, cfg.reward.judge_max_new_tokens, self.mesh, self.rows))
         self.sampler = Sampler(self.policy.graphdef, pad_id=pad_id(tok), stop_ids=stop_ids(tok, model_cfg.eos_token_ids),
                                max_cache_len=model_cfg.max_position_embeddings, mesh=self.mesh,
                                share_prefill=cfg.rollout.shared_prefix, min_context=self.min_context,
