@@ -24,7 +24,6 @@ HeRL keeps no state across steps. Groups of replayed continuations (RRL) are lef
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import jax
 import numpy as np
@@ -32,6 +31,7 @@ import numpy as np
 from jaxrl_llm.config import HeRLSection
 from jaxrl_llm.explore.base import Explorer, LogprobFn, SampleFn, ScoreFn, Setup, StepInfo
 from jaxrl_llm.explore.rows import RowPlan, Rollouts
+from jaxrl_llm.rewards.rubrics import rubric_items
 from jaxrl_llm.sampling.buckets import bucket
 from jaxrl_llm.sampling.sampler import row_key_data
 
@@ -109,9 +109,9 @@ class HeRL(Explorer):
         q = self.setup.items[item].question
         return q + (f"\n{self.instruction}" if self.instruction else "")
 
-    def _rubric(self, item: int) -> list[dict]:
+    def _rubric(self, item: int) -> tuple:
         text = self.setup.items[item].rubric
-        return json.loads(text) if text else []
+        return rubric_items(text) if text else ()
 
     def _num_items(self, item: int) -> int:
         return len(self._rubric(item))
@@ -120,8 +120,8 @@ class HeRL(Explorer):
         rubric = self._rubric(item)
         return self.cfg.revise_template.format(
             question=self._question(item), draft=draft,
-            met=_bullets([r["description"] for k, r in enumerate(rubric) if met[k]]),
-            unmet=_bullets([r["description"] for k, r in enumerate(rubric) if not met[k]]))
+            met=_bullets([r.description for k, r in enumerate(rubric) if met[k]]),
+            unmet=_bullets([r.description for k, r in enumerate(rubric) if not met[k]]))
 
     def revise(self, state, rollouts: Rollouts, info: StepInfo, sample: SampleFn, score: ScoreFn,
                logprobs: LogprobFn | None = None) -> tuple[Rollouts, dict]:
@@ -166,7 +166,7 @@ class HeRL(Explorer):
                 victims += places[:len(pick)].tolist()
                 kept += pick.tolist()
             elif c.keep_best_original and len(mine):
-                copies.append((int(places[0]), int(cands[[i for i, (ff, _) in enumerate(cands) if ff == f][0]][1])))
+                copies.append((int(places[0]), next(row for ff, row in cands if ff == f)))  # the group's best
         result = dataclasses.replace(rollouts, rewards=rewards, advantages=None)
         if kept:
             new = revised.take(np.asarray(kept))

@@ -243,7 +243,7 @@ class RRL(Explorer):
             "rrl_inserted": int(ins["inserted"]), "rrl_evicted": int(ins["evicted"]),
             "rrl_duplicates": int(ins["duplicates"]), "rrl_dropped": int(replay.drops) - drops_before,
             "rrl_replayed_states": int(k), "rrl_replay_rows": int(cont.sum()),
-            "rrl_unsolved_share": float(self._pending["unsolved_share"]) if self._pending else float("nan"),
+            "rrl_unsolved_share": float(pending.get("unsolved_share", float("nan"))),
             "rrl_solved_first_via_replay": int((first == BY_REPLAY).sum()),
             "rrl_prompts_solved": int((first != NEVER).sum())})
         self._pending = None

@@ -332,9 +332,14 @@ def grade(items: Sequence[RubricItem], response: str, judged: Sequence[int | boo
             met[k] = judged is not None and judged[k] is not None and bool(judged[k])
         else:
             met[k] = _met(item, response)
+    return weighted_score(items, met), met
+
+
+def weighted_score(items: Sequence[RubricItem], met) -> float:
+    """sum_k w_k m_k / sum_k w_k of the items met (0 when every weight is 0)."""
     weights = np.array([it.weight for it in items], np.float64)
     total = weights.sum()
-    return (float(weights @ met / total) if total > 0 else 0.0), met
+    return float(weights @ np.asarray(met, np.float64) / total) if total > 0 else 0.0
 
 
 @functools.lru_cache(maxsize=1024)

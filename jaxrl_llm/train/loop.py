@@ -10,7 +10,6 @@ a resumed run draws the same prompts and samples as an uninterrupted one.
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from pathlib import Path
@@ -28,8 +27,9 @@ from jaxrl_llm.data.tasks import load_sft_items, load_splits
 from jaxrl_llm.model.hf_io import export_hf_folder
 from jaxrl_llm.model.tokenizer import pad_id, stop_ids
 from jaxrl_llm.parallel.mesh import make_mesh
-from jaxrl_llm.rewards.judge import Judge, load_judge, sampler_generate
+from jaxrl_llm.rewards.judge import Judge, judge_items, load_judge, sampler_generate
 from jaxrl_llm.rewards.pool import RewardPool
+from jaxrl_llm.rewards.rubrics import rubric_items
 from jaxrl_llm.rl.forward import cast_floats
 from jaxrl_llm.explore.base import KEY_PHASE, Explorers, Setup, StepInfo
 from jaxrl_llm.explore.registry import build_explorers
@@ -164,11 +164,12 @@ class Run:
         self.min_context = 16
         longest = max(len(ids) for _, ids in self.train_items + eval_items)
         if self.explorers.prefix_tokens() or self.explorers.context_tokens():
-            self.min_context = bucket(max(longest + self.explorers.prefix_tokens(), self.explorers.context_tokens()), 16)
+            self.min_context = bucket(max(longest + self.explorers.prefix_tokens(), self.explorers.context_tokens()),
+                                      16)
         # teacher-forced log-probs of rows moved under another context (HeRL train_on=original): one shape
         self.logprob_width = bucket(longest + cfg.rollout.max_new_tokens, 16)
         judged = [it.uid for it, _ in self.train_items + eval_items
-                  if it.rubric and any(x["check"] == "judge" for x in json.loads(it.rubric))]
+                  if it.rubric and judge_items(rubric_items(it.rubric))]
         if judged and not cfg.reward.judge:
             raise ValueError(f"{len(judged)} tasks have rubric items checked by 'judge' (first: {judged[0]}); set "
                              f"reward.judge=policy (or a local model folder) to have them judged, or remove those "

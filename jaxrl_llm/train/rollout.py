@@ -20,7 +20,7 @@ from jaxrl_llm.data.tasks import TaskItem
 from jaxrl_llm.explore.rows import RowPlan, Rollouts
 from jaxrl_llm.rewards.judge import Judge, aligned, judge_items
 from jaxrl_llm.rewards.pool import RewardPool
-from jaxrl_llm.rewards.rubrics import rubric_items
+from jaxrl_llm.rewards.rubrics import rubric_items, weighted_score
 from jaxrl_llm.rl.advantages import group_advantages
 from jaxrl_llm.rl.batch import RowBatch
 from jaxrl_llm.sampling.sampler import FINISH_LENGTH, Sampler, SampleOutput
@@ -97,8 +97,7 @@ def _with_verdicts(judge: Judge, items, texts, row_item, results) -> list:
     for (i, rubric), verdict in zip(where, judge(requests)):
         judged = aligned(rubric, verdict)
         met = [int(m) if v is None else int(v) for m, v in zip(results[i][1], judged)]
-        w = np.array([it.weight for it in rubric], np.float64)
-        results[i] = (float(w @ np.array(met) / w.sum()) if w.sum() > 0 else 0.0, met)
+        results[i] = (weighted_score(rubric, met), met)
     return results
 
 
