@@ -29,7 +29,7 @@ def main(argv=None) -> int:
     from jaxrl_llm.rewards.pool import RewardPool
     from jaxrl_llm.train.loop import Run
     from jaxrl_llm.train.metrics import solved
-    from jaxrl_llm.train.rollout import response_texts, score_texts
+    from jaxrl_llm.train.evaluate import sample_scored
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", required=True)
@@ -46,21 +46,13 @@ def main(argv=None) -> int:
         sys.exit(f"no checkpoint in {cfg.train.out_dir}: train or SFT it first")
     items = run.train_items if args.split == "train" else run.eval_items
     rows = np.repeat(np.arange(len(items)), args.samples)
-    chunk = cfg.rollout.prompts_per_step * cfg.rollout.group_size
-    texts, rewards = [], []
     with RewardPool(cfg.reward.workers, cfg.reward.timeout_s) as pool:
-        for c, start in enumerate(range(0, len(rows), chunk)):
-            part = rows[start:start + chunk]
-            out = run.sampler(run.sampling_params(), [items[j][1] for j in part],
-                              max_new_tokens=cfg.rollout.max_new_tokens, temperature=1.0,
-                              key=jax.random.fold_in(jax.random.key(cfg.train.seed), c))
-            t = response_texts(run.tok, out)
-            texts += t
-            rewards.append(score_texts(pool, cfg, [it for it, _ in items], t, part))
+        rewards, _, texts = sample_scored(run.sampler, run.sampling_params(), pool, run.tok, cfg, items, rows, 1.0,
+                                          jax.random.key(cfg.train.seed), run.judge)
     run.ckpt.close()
     exprs = [json.loads(items[j][0].entry_json)["metadata"]["expression"] for j in rows]
     profile = {"split": args.split, "problems": len(items), "samples": args.samples, "step": run.state.step,
-               **step_profile(texts, exprs, list(solved(np.concatenate(rewards))))}
+               **step_profile(texts, exprs, list(solved(rewards)))}
     text = json.dumps(profile, indent=2)
     print(text)
     with open(args.out, "w") as f:
