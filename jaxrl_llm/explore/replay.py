@@ -104,10 +104,14 @@ def _bonus(total, visits, c_ucb):
     return c_ucb * jnp.sqrt(jnp.log(jnp.maximum(total, 1.0)) / (1.0 + visits))
 
 
+def value(state: ReplayState) -> jax.Array:
+    """[C] Monte Carlo value of every slot, the prior counted as one observation (module docstring)."""
+    return (state.prior + state.value_sum) / (1.0 + state.visits)
+
+
 def priority(state: ReplayState, c_ucb) -> jax.Array:
     """[C] float32 priority of every slot (module docstring); + 0.0 turns -0.0 into 0.0 for top_k."""
-    value = (state.prior + state.value_sum) / (1.0 + state.visits)
-    p = value + _bonus(_total_visits(state), state.visits, c_ucb) - DEMOTION * state.demoted
+    p = value(state) + _bonus(_total_visits(state), state.visits, c_ucb) - DEMOTION * state.demoted
     return jnp.where(state.length > 0, p + 0.0, -jnp.inf).astype(jnp.float32)
 
 

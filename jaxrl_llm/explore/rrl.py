@@ -32,6 +32,7 @@ from jaxrl_llm.config import RRLSection
 from jaxrl_llm.explore.base import Explorer, Setup, StepInfo
 from jaxrl_llm.explore.cuts import boundary_table, cut_lengths, spread
 from jaxrl_llm.explore.replay import ReplayState, empty, jitted, state_shardings
+from jaxrl_llm.explore.replay import value as replay_value
 from jaxrl_llm.explore.rows import RowPlan, Rollouts
 from jaxrl_llm.sampling.sampler import FINISH_STOP, row_key_data
 
@@ -46,8 +47,6 @@ class RRLState:
     fresh_count: jax.Array  # [P] float32 fresh rollouts so far
     last_success: jax.Array  # [P] float32 success rate of the prompt's last fresh group; -1: never sampled
     first_solved: jax.Array  # [P] int32 NEVER, BY_FRESH or BY_REPLAY (a continuation of a replayed state)
-    replay_rows: jax.Array  # () int32 continuation rows so far
-    replay_solved: jax.Array  # () int32 solved continuation rows so far
 
 
 def solved(rewards) -> np.ndarray:
@@ -113,8 +112,7 @@ class RRL(Explorer):
         p = setup.num_items
         return RRLState(replay=replay, fresh_solved=jnp.zeros((p,), jnp.float32),
                         fresh_count=jnp.zeros((p,), jnp.float32), last_success=jnp.full((p,), -1.0, jnp.float32),
-                        first_solved=jnp.zeros((p,), jnp.int32), replay_rows=jnp.zeros((), jnp.int32),
-                        replay_solved=jnp.zeros((), jnp.int32))
+                        first_solved=jnp.zeros((p,), jnp.int32))
 
     # -- before sampling ----------------------------------------------------------------------------
     def plan(self, state: RRLState, plan: RowPlan, info: StepInfo) -> RowPlan:
@@ -139,7 +137,7 @@ class RRL(Explorer):
         r = state.replay
         length = np.asarray(r.length[slots])
         tokens = np.asarray(r.tokens[slots])
-        value = np.asarray((r.prior[slots] + r.value_sum[slots]) / (1.0 + r.visits[slots]))
+        drawn_value = np.asarray(replay_value(r))[slots]
         n = k * c.continuations
         first_group = int(plan.group.max()) + 1
         state_of_row = np.repeat(np.arange(k), c.continuations)
@@ -150,7 +148,7 @@ class RRL(Explorer):
                               replayed=np.ones(n, bool), hindsight=np.zeros(n, bool),
                               row_keys=np.asarray(row_key_data(jax.random.fold_in(info.key, 1), n)))
         keep = np.setdiff1d(np.arange(plan.rows), freed)
-        self._pending.update(states=k, slots=slots, groups=first_group + np.arange(k), value=value)
+        self._pending.update(states=k, slots=slots, groups=first_group + np.arange(k), value=drawn_value)
         return RowPlan.concat([plan.take(keep), replay_plan])
 
     # -- after the update ---------------------------------------------------------------------------
@@ -235,9 +233,7 @@ class RRL(Explorer):
                                       jnp.float32(c.c_ucb))
         new = RRLState(replay=replay, fresh_solved=jnp.asarray(fresh_solved, jnp.float32),
                        fresh_count=jnp.asarray(fresh_count, jnp.float32), last_success=jnp.asarray(last, jnp.float32),
-                       first_solved=jnp.asarray(first, jnp.int32),
-                       replay_rows=state.replay_rows + jnp.int32(cont.sum()),
-                       replay_solved=state.replay_solved + jnp.int32((ok & cont).sum()))
+                       first_solved=jnp.asarray(first, jnp.int32))
         metrics.update({
             "rrl_fill": int((np.asarray(replay.length) > 0).sum()), "rrl_candidates": int(cand[4].sum()),
             "rrl_inserted": int(ins["inserted"]), "rrl_evicted": int(ins["evicted"]),
