@@ -319,3 +319,24 @@ def test_replay_column_is_the_last_train_rows_count_and_shown_only_when_recorded
     assert "solved first via replay" in text and "| 7.0" in text
     plain = ablate.format_markdown(spec, ablate.arm_table(spec, runs[:1]), runs[:1], missing)
     assert "solved first via replay" not in plain
+
+
+def test_reward_columns_are_shown_only_where_rewards_are_graded(tmp_path):
+    """Mean rewards equal the accuracies on 0/1 tasks (hidden); rubric or partial-credit runs show them."""
+    spec = ablate.load_spec(_write_spec(tmp_path, SPEC.replace("seeds: [0, 1, 2]", "seeds: [0]")))
+    start = {"greedy_reward_mean": 0.1, "sampled_reward_mean": 0.1}  # equal to the accuracies below
+    binary = {"greedy_reward_mean": 0.2, "sampled_reward_mean": 0.2}
+    graded = {"greedy_reward_mean": 0.55, "sampled_reward_mean": 0.45}
+    for arm, rewards in (("a", binary), ("b", graded)):
+        ev = [(0, {**_eval(0.1, 0.1, 0.5, {1: 0.1}), **start}), (2, {**_eval(0.2, 0.2, 0.4, {1: 0.2}), **rewards})]
+        _write_run(spec.run_dir(arm, 0), 2, ev, [{"sampled_tokens": 5, "time_step_s": 1.0}] * 2)
+    runs, missing = ablate.collect(spec)
+    summaries = {r.arm: ablate.run_summary(r.rows, r.steps) for r in runs}
+    assert "greedy_reward_mean" not in summaries["a"]["final"] and "greedy_reward_mean" not in summaries["b"]["start"]
+    assert summaries["b"]["final"]["greedy_reward_mean"] == 0.55
+    assert summaries["b"]["final"]["sampled_reward_mean"] == 0.45
+    text = ablate.format_markdown(spec, ablate.arm_table(spec, runs), runs, missing)
+    assert "| never solved | greedy reward | sampled reward |" in text
+    assert "| 0.400 | 0.550 | 0.450 |" in text
+    plain = ablate.format_markdown(spec, ablate.arm_table(spec, runs[:1]), runs[:1], missing)
+    assert "greedy reward" not in plain

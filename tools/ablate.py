@@ -48,11 +48,14 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_
 DONE, LOG = "ablation_done.json", "train.log"
 EVAL_KS = (1, 2, 4, 8, 16)
 EVAL_COLUMNS = (("greedy_accuracy", "greedy"), ("sampled_accuracy", "sampled T=1"),
-                *((f"pass@{k}", f"pass@{k}") for k in EVAL_KS), ("never_solved_share", "never solved"))
+                *((f"pass@{k}", f"pass@{k}") for k in EVAL_KS), ("never_solved_share", "never solved"),
+                ("greedy_reward_mean", "greedy reward"), ("sampled_reward_mean", "sampled reward"))
+# mean rewards: shown when rewards are graded (rubric tasks, partial credit), i.e. some run's differ from its accuracy
+REWARD_COLUMNS = {"greedy_reward_mean": "greedy_accuracy", "sampled_reward_mean": "sampled_accuracy"}
 # training prompts first solved by a continuation of a replayed prefix state (RRL), over the whole run
 REPLAY_COLUMNS = (("rrl_solved_first_via_replay", "solved first via replay"),)
 BUDGET_COLUMNS = REPLAY_COLUMNS + (("sampled_tokens", "sampled tokens"), ("wall_s", "wall s"), ("rl_steps", "RL steps"))
-OPTIONAL = {k for k, _ in REPLAY_COLUMNS} | {f"pass@{k}" for k in EVAL_KS}  # shown when some arm has them
+OPTIONAL = {k for k, _ in REPLAY_COLUMNS} | {f"pass@{k}" for k in EVAL_KS} | set(REWARD_COLUMNS)  # shown when some arm has them
 COLUMNS = EVAL_COLUMNS + BUDGET_COLUMNS
 ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -207,7 +210,10 @@ def run_summary(rows: list[dict], steps: int) -> dict | None:
             budget[key] = float(last[key])
 
     def eval_metrics(row):
-        return {k: float(row[k]) for k, _ in EVAL_COLUMNS if k in row}
+        out = {k: float(row[k]) for k, _ in EVAL_COLUMNS if k in row}
+        if all(out.get(k) == out.get(acc) for k, acc in REWARD_COLUMNS.items()):
+            out = {k: v for k, v in out.items() if k not in REWARD_COLUMNS}
+        return out
 
     return {"start": eval_metrics(evals.get(0, {})), "final": {**eval_metrics(evals[steps]), **budget}}
 
