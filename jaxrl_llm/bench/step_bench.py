@@ -6,15 +6,18 @@ the update; false: every row carries its prompt) times sampling, rewards and the
 `--repeats` after a warm-up call that compiles), reads XLA's memory analysis of the compiled update
 program, and counts the step's model FLOPs (2 x matmul parameters per position forward, 3x that for
 forward + backward; attention scores left out) against this machine's measured float32 matmul rate.
-Both layouts update on the same rows (the sampler draws the same tokens with either prefill).
+Both layouts update on the same rows (the sampler draws the same tokens with either prefill), in
+micro-batches of algo.micro_batch rows, unless `--unshared-micro-batch` gives the plain layout its own
+(for configs whose micro-batch the plain layout cannot hold in memory: it keeps every row's context).
 
     jaxrl-llm bench step --config configs/default.yaml
-    jaxrl-llm bench step --config configs/bench_long_prompt.yaml --repeats 1
+    jaxrl-llm bench step --config configs/bench_long_prompt.yaml --repeats 1 --unshared-micro-batch 4
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import tempfile
 import time
@@ -64,7 +67,7 @@ def _update_positions(batch, shared: bool) -> tuple[int, int]:
     return n * (length - 1), n * (length - 1)
 
 
-def bench(cfg, repeats: int, log=print) -> dict:
+def bench(cfg, repeats: int, log=print, unshared_micro_batch: int | None = None) -> dict:
     import jax
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
@@ -77,10 +80,14 @@ def bench(cfg, repeats: int, log=print) -> dict:
     from jaxrl_llm.train.rollout import collect, update_rows
 
     run = Run(cfg, log=log)
+    per_minibatch = run.rows // cfg.algo.minibatches
+    if unshared_micro_batch is not None and (unshared_micro_batch < 1 or per_minibatch % unshared_micro_batch):
+        raise ValueError(f"--unshared-micro-batch {unshared_micro_batch} must divide the {per_minibatch} rows of "
+                         "a minibatch")
     model_cfg, graphdef = run.policy.model_cfg, run.policy.graphdef
     prompts = [run.train_items[i] for i in next(run.data)]
     key = run.key(PHASE_ROLLOUT, 0)
-    idx = np.arange(run.rows // cfg.algo.minibatches)
+    idx = np.arange(per_minibatch)
     out: dict = {"config": cfg.train.out_dir, "rows": run.rows, "matmul_gflops": matmul_gflops()}
     tokens_seen = None
     with RewardPool(cfg.reward.workers, cfg.reward.timeout_s) as pool:
@@ -100,8 +107,11 @@ def bench(cfg, repeats: int, log=print) -> dict:
             elif not np.array_equal(tokens_seen, rollouts.out.tokens):
                 raise AssertionError("shared and unshared prefill sampled different tokens")
             full = update_rows(rollouts)
-            batch = minibatch(cfg, full, idx, shared)
-            spec = rl_update_spec(cfg, shared)
+            ucfg = cfg
+            if not shared and unshared_micro_batch:
+                ucfg = dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, micro_batch=unshared_micro_batch))
+            batch = minibatch(ucfg, full, idx, shared)
+            spec = rl_update_spec(ucfg, shared)
             policy = run.state.params
             ref = (policy,) if spec.use_kl else ()  # the reference at the start of RL: the policy itself
             opt_state = init_optimizer(run.optimizer, policy, run.mesh)
@@ -136,7 +146,7 @@ def bench(cfg, repeats: int, log=print) -> dict:
                  "update_positions": body, "update_head_positions": head,
                  "update_model_gflop": _model_flops(model_cfg, body, head, 3) / 1e9,
                  "sample_model_gflop": _model_flops(model_cfg, prefill + decoded, run.rows + decoded, 1) / 1e9,
-                 "batch_shapes": shapes(batch)}
+                 "micro_batch_rows": ucfg.algo.micro_batch, "batch_shapes": shapes(batch)}
             r["step_s"] = r["sample_s"] + r["reward_s"] + r["update_s"]
             r["update_gflops"] = r["update_model_gflop"] / r["update_s"]
             out[name] = r
@@ -153,7 +163,8 @@ def table(out: dict) -> str:
             ("update, s", "update_s", "{:.2f}"), ("update peak memory (XLA), GiB", "update_peak_gib", "{:.3f}"),
             ("update model GFLOP", "update_model_gflop", "{:.1f}"),
             ("sampling model GFLOP", "sample_model_gflop", "{:.1f}")]
-    lines = ["| | unshared | shared | shared / unshared |", "|---|---|---|---|"]
+    lines = ["| | unshared | shared | shared / unshared |", "|---|---|---|---|",
+             f"| micro-batch, rows | {u['micro_batch_rows']} | {s['micro_batch_rows']} | |"]
     for label, k, fmt in rows:
         lines.append(f"| {label} | {fmt.format(u[k])} | {fmt.format(s[k])} | {r[k]:.2f} |" if k in r else
                      f"| {label} | {fmt.format(u[k])} | {fmt.format(s[k])} | |")
@@ -172,11 +183,13 @@ def main(argv=None) -> int:
     parser.add_argument("overrides", nargs="*", metavar="a.b=value", help="config overrides")
     parser.add_argument("--repeats", type=int, default=2, help="timed calls per phase (best is kept)")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
+    parser.add_argument("--unshared-micro-batch", type=int, default=None, metavar="ROWS",
+                        help="micro-batch rows of the plain layout (default: algo.micro_batch, as the shared one)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_config(args.config, list(args.overrides) + [f"train.out_dir={tmp}", "train.tensorboard=false",
                                                                 "train.resume=false"])
-        out = bench(cfg, args.repeats)
+        out = bench(cfg, args.repeats, unshared_micro_batch=args.unshared_micro_batch)
     print(table(out))
     if args.json:
         with open(args.json, "w") as f:
