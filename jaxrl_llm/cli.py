@@ -53,18 +53,20 @@ def _load_cfg(args, extra=()):
 
 
 def _cmd_train(args) -> int:
-    from jaxrl_llm.train.loop import Run
+    from jaxrl_llm.train.loop import RESUME_EXIT_CODE, Run
 
-    Run(_load_cfg(args)).train()
-    return 0
+    run = Run(_load_cfg(args))
+    run.train()
+    return RESUME_EXIT_CODE if run.stopped else 0
 
 
 def _cmd_sft(args) -> int:
     """Supervised training only: the configured sft steps, then export (no RL steps)."""
-    from jaxrl_llm.train.loop import Run
+    from jaxrl_llm.train.loop import RESUME_EXIT_CODE, Run
 
-    Run(_load_cfg(args, ["train.steps=0"])).train()
-    return 0
+    run = Run(_load_cfg(args, ["train.steps=0"]))
+    run.train()
+    return RESUME_EXIT_CODE if run.stopped else 0
 
 
 def _cmd_eval(args) -> int:

@@ -231,6 +231,10 @@ class TrainSection:
     resume: bool = True
     export_final: bool = True
     tensorboard: bool = True
+    # before anything is allocated: print the per-device memory plan (parallel/memory_plan.py) and refuse a config
+    # that will not fit; device_memory_gib > 0 replaces the memory the devices report (e.g. to keep a reserve)
+    memory_check: bool = True
+    device_memory_gib: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -405,6 +409,8 @@ def _validate(cfg: Config, source: str) -> None:
              and r.priority_temperature >= 0 and r.age_penalty >= 0 and r.backtrack_margin >= 0,
              "explore.rrl: warmup_steps, max_age, c_ucb, priority_temperature, age_penalty and backtrack_margin "
              "must be >= 0, min_visits >= 1")
+    need(cfg.train.device_memory_gib >= 0, f"train.device_memory_gib={cfg.train.device_memory_gib} must be >= 0 "
+         "(0: what the devices report)")
     h = cfg.explore.herl
     if h.enabled:
         need(h.candidate_limit >= 1 and h.num_guided >= 1 and h.replace_top_n >= 1,

@@ -15,7 +15,7 @@ from flax import nnx
 from jaxrl_llm.config import ConfigError, load_config
 from jaxrl_llm.data.tasks import DataError, load_items
 from jaxrl_llm.train.checkpoint import CheckpointMismatchError
-from jaxrl_llm.train.loop import Run
+from jaxrl_llm.train.loop import RESUME_EXIT_CODE, Run
 from jaxrl_llm.train.policy import encode_items
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,12 +106,12 @@ def _wait_for_row(proc, metrics: Path, pattern: str, timeout: float = 240):
 
 def _sigterm_after_row(tmp_path, cfg, pattern: str) -> str:
     """Train `cfg` in a subprocess, SIGTERM it once metrics.jsonl has a row matching `pattern`; the
-    process must exit 0. Returns its output."""
+    process must save and exit with RESUME_EXIT_CODE (what launch scripts rerun on). Returns its output."""
     proc = _spawn_train(tmp_path, cfg)
     _wait_for_row(proc, Path(cfg.train.out_dir) / "metrics.jsonl", pattern)
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 0, out[-2000:]
+    assert proc.returncode == RESUME_EXIT_CODE, out[-2000:]
     return out
 
 

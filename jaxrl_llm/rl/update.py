@@ -195,6 +195,10 @@ def batch_shardings(mesh: Mesh, spec: UpdateSpec, batch):
         batch)
 
 
+def _shape_key(batch) -> tuple:
+    return tuple((tuple(x.shape), str(x.dtype)) for x in jax.tree.leaves(batch))
+
+
 def make_update(graphdef, spec: UpdateSpec, optimizer, params, opt_state, mesh: Mesh):
     """The jitted update; params/opt_state must already be placed (or be ShapeDtypeStructs with their
     shardings: `abstract_optimizer_state`). One program per batch shape
@@ -207,6 +211,7 @@ def make_update(graphdef, spec: UpdateSpec, optimizer, params, opt_state, mesh: 
     replicated = NamedSharding(mesh, P())
     param_sh, opt_sh = shardings_of(params), shardings_of(opt_state)
     programs = {}
+    compiled = {}  # batch shapes -> program compiled ahead of time (jit's own cache does not see those)
 
     def program(batch_sh):
         sig = tuple(s.spec for s in jax.tree.leaves(batch_sh))
@@ -225,8 +230,22 @@ def make_update(graphdef, spec: UpdateSpec, optimizer, params, opt_state, mesh: 
         batch_sh = batch_shardings(mesh, spec, batch)
         batch = jax.device_put(batch, batch_sh)
         coefs = {k: jnp.asarray(v, jnp.float32) for k, v in coefs.items()}
-        return program(batch_sh)(params, opt_state, batch, coefs, *((ref_params,) if spec.use_kl else ()))
+        ahead = compiled.get(_shape_key(batch))  # compiled ahead of time (memory_analysis) for this shape
+        return (ahead or program(batch_sh))(params, opt_state, batch, coefs, *((ref_params,) if spec.use_kl else ()))
 
+    def memory_analysis(params, opt_state, batch, coefs):
+        """XLA's memory analysis of the program `run` compiles for batches shaped like `batch` (numpy or
+        ShapeDtypeStructs; params / opt_state may be abstract, with their shardings). Compiled ahead of time
+        through the same jit, so a later call of that shape reuses the program instead of compiling it."""
+        batch_sh = batch_shardings(mesh, spec, batch)
+        spec_of = lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)  # noqa: E731
+        abstract = lambda tree, sh: jax.tree.map(spec_of, tree, sh)  # noqa: E731
+        c = {k: jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated) for k in coefs}
+        args = (abstract(params, param_sh), abstract(opt_state, opt_sh), abstract(batch, batch_sh), c)
+        ahead = compiled[_shape_key(batch)] = program(batch_sh).lower(*args, *((args[0],) if spec.use_kl else ())).compile()
+        return ahead.memory_analysis()
+
+    run.memory_analysis = memory_analysis
     return run
 
 

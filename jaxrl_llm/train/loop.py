@@ -26,6 +26,7 @@ from jaxrl_llm.data.pipeline import prompt_batches
 from jaxrl_llm.data.tasks import load_sft_items, load_splits
 from jaxrl_llm.model.hf_io import export_hf_folder
 from jaxrl_llm.model.tokenizer import pad_id, stop_ids
+from jaxrl_llm.parallel.memory_plan import check as check_memory
 from jaxrl_llm.parallel.mesh import make_mesh
 from jaxrl_llm.rewards.judge import Judge, judge_items, load_judge, sampler_generate
 from jaxrl_llm.rewards.pool import RewardPool
@@ -51,6 +52,9 @@ from jaxrl_llm.train.state import TrainState
 from jaxrl_llm.utils import compile_counter
 
 PHASE_ROLLOUT, PHASE_EVAL, PHASE_SFT, PHASE_MINIBATCH = 1, 2, 3, 4
+# exit status of `train` / `sft` stopped by SIGTERM / SIGINT (preemption) after saving its checkpoint: BSD's
+# EX_TEMPFAIL, "try again"; launch scripts (tools/launch_*.sh) rerun the same command on it to resume
+RESUME_EXIT_CODE = 75
 
 
 class _StopFlag:
@@ -118,6 +122,7 @@ class Run:
 
     def __init__(self, cfg: Config, log=tqdm.write):
         self.cfg, self.log = cfg, log
+        self.stopped = False  # train() was stopped by a signal (it saved first)
         self.out_dir = Path(cfg.train.out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.mesh = make_mesh({"data": cfg.mesh.data, "fsdp": cfg.mesh.fsdp, "tensor": cfg.mesh.tensor})
@@ -187,6 +192,8 @@ class Run:
                                share_prefill=cfg.rollout.shared_prefix, min_context=self.min_context,
                                min_unique=cfg.rollout.prompts_per_step + self.extra_contexts
                                if self.extra_contexts else 1)
+        # before the optimizer state, the sampler's cache or any step takes memory: refuse what cannot fit
+        self.memory_plan = self._plan_memory(params, longest) if cfg.train.memory_check else None
         first_opt = self.sft_opt if cfg.sft.steps > 0 else self.optimizer
         self.state = TrainState(params=params, opt_state=init_optimizer(first_opt, params, self.mesh),
                                 explore=explore_state, seed=cfg.train.seed)
@@ -195,6 +202,33 @@ class Run:
                                  async_save=cfg.train.async_checkpoint)
         self.sft_ckpt = Checkpointer(self.out_dir / "sft_checkpoints", keep=cfg.train.keep_checkpoints,
                                      async_save=cfg.train.async_checkpoint)
+
+    def _plan_memory(self, params, longest: int):
+        """The per-device memory plan (parallel/memory_plan.py), its update figure from XLA's analysis of this
+        run's own update program for a step of the likeliest largest shape: the longest training prompt, every
+        response rollout.max_new_tokens long. Compiled through the trainer's jit, so a first step of that shape
+        reuses the program."""
+        cfg, n, g = self.cfg, self.rows, self.cfg.rollout.group_size
+        max_new = min(cfg.rollout.max_new_tokens, self.sampler.max_cache_len - 1)
+        _, prefill, width = self.sampler.shapes(n, longest, max_new)
+        tokens = np.zeros((n, width), np.int32)
+        tokens[:, :longest] = (np.arange(n) // g + 1)[:, None]  # one context per group
+        mask = np.zeros((n, width), bool)
+        mask[:, longest:longest + max_new] = True
+        rows = RowBatch.make(tokens, mask, context_len=np.full(n, longest, np.int32),
+                             advantages=np.zeros(n, np.float32))
+        per_update = n // cfg.algo.minibatches
+        batch = minibatch(cfg, rows, np.arange(per_update) * cfg.algo.minibatches, min_group=self.min_group,
+                          extra_contexts=self.extra_contexts, min_context=self.min_context)
+        analysis = self.update.memory_analysis(params, abstract_optimizer_state(self.optimizer, params, self.mesh),
+                                               batch, _coefs(cfg))
+        if cfg.rollout.shared_prefix:  # [micro-batches, rows, tokens]
+            micro = batch.tokens.shape[:2]
+        else:
+            spec = rl_update_spec(cfg)
+            micro = (spec.micro_batches, per_update // spec.micro_batches)
+        return check_memory(cfg, log=self.log if jax.process_index() == 0 else lambda m: None,
+                            model_cfg=self.policy.model_cfg, update=(analysis, *micro), prefill=prefill)
 
     # -- the train state in checkpoints -----------------------------------------------------------
     def _arrays_like(self, registry: dict) -> dict:
@@ -443,8 +477,10 @@ class Run:
         self.ckpt.close()
         self.sft_ckpt.close()
         writer.close()
+        self.stopped = stop.requested
         if stop.requested:
-            self.log(f"stopped by signal; saved {saved}; run the same command again to resume")
+            self.log(f"stopped by signal; saved {saved}; run the same command again to resume "
+                     f"(exit status {RESUME_EXIT_CODE})")
             return last_eval
         self._summary()
         if cfg.train.export_final and jax.process_index() == 0:

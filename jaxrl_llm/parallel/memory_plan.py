@@ -1,0 +1,253 @@
+"""Memory planning: before a run allocates anything, will it fit the devices found?
+
+Per device, for the config and mesh:
+
+    parameters, optimizer state, KL reference   exact, from their shardings (nothing allocated)
+    gradients                                    float32, one copy (two when micro-batches accumulate)
+    update activations                           XLA's memory analysis of the compiled (never run) update
+                                                 program at the trainer's largest batch (bench/memory.py),
+                                                 its temporaries less the gradients
+    KV cache                                     the sampler's cache for a step's rows at their largest
+                                                 (every prompt data.max_prompt_len tokens, every response
+                                                 rollout.max_new_tokens), keys and values of every layer
+    sampler logits                               float32 [rows, vocab], three live copies (logits, noise /
+                                                 probabilities, the top-p sort)
+
+Two phases hold memory at different times: sampling (parameters, optimizer state, reference, the
+sampling copy of the parameters when the compute dtype differs, KV cache, logits) and the update
+(XLA's peak for the program: its arguments, temporaries and outputs less the donated ones). The
+plan's peak is the larger. `check` refuses a config whose peak exceeds the devices' memory with the
+settings that would make it fit: a smaller algo.micro_batch (activations scale with the rows of a
+micro-batch), a larger mesh.fsdp (parameters, optimizer state and gradients divide by it), and
+model.remat on GPU / TPU.
+
+Device memory is what the device reports (`memory_stats()["bytes_limit"]`: GPU, TPU) or, on CPU, the
+host's RAM divided among the process's devices; `train.device_memory_gib` overrides it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+_GIB = 1024 ** 3
+HEADROOM = 0.9  # of device memory usable by the plan: runtime, compiled code and fragmentation take the rest
+
+
+class MemoryPlanError(ValueError):
+    """The config will not fit the devices found; the message says by how much and what would fit."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    devices: int
+    platform: str
+    mesh: dict
+    capacity: int  # bytes per device
+    capacity_source: str
+    params: int
+    optimizer: int
+    reference: int
+    sampling_copy: int
+    gradients: int
+    activations: int
+    update_peak: int  # XLA: arguments + temporaries + outputs - donated
+    kv_cache: int
+    sampler_logits: int
+    micro_batch: int
+    micro_batches: int
+    remat: bool
+
+    @property
+    def sampling_peak(self) -> int:
+        return self.params + self.optimizer + self.reference + self.sampling_copy + self.kv_cache + self.sampler_logits
+
+    @property
+    def peak(self) -> int:
+        return max(self.update_peak + self.sampling_copy, self.sampling_peak)
+
+    @property
+    def usable(self) -> int:
+        return int(self.capacity * HEADROOM)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak <= self.usable
+
+    def report(self) -> str:
+        g = _size
+        lines = [f"memory plan per device ({self.devices} {self.platform} device(s), mesh {self.mesh}; "
+                 f"{g(self.capacity)} each from {self.capacity_source}, {HEADROOM:.0%} usable):",
+                 f"  parameters      {g(self.params)}", f"  optimizer       {g(self.optimizer)}"]
+        if self.reference:
+            lines.append(f"  KL reference    {g(self.reference)}")
+        if self.sampling_copy:
+            lines.append(f"  sampling copy   {g(self.sampling_copy)}  (parameters in the compute dtype)")
+        lines += [f"  gradients       {g(self.gradients)}",
+                  f"  activations     {g(self.activations)}  (update, {self.micro_batches} micro-batch(es) of "
+                  f"{self.micro_batch} rows, remat {self.remat})",
+                  f"  KV cache        {g(self.kv_cache)}", f"  sampler logits  {g(self.sampler_logits)}",
+                  f"  peak            {g(self.peak)}  (update {g(self.update_peak + self.sampling_copy)}, "
+                  f"sampling {g(self.sampling_peak)})"]
+        return "\n".join(lines)
+
+
+def _size(b: int) -> str:
+    return f"{b / _GIB:.2f} GiB" if b >= _GIB / 10 else f"{b / 2 ** 20:.1f} MiB"
+
+
+def device_capacity(devices, override_gib: float = 0.0) -> tuple[int, str]:
+    """(bytes per device, where the figure comes from)."""
+    if override_gib > 0:
+        return int(override_gib * _GIB), "train.device_memory_gib"
+    stats = devices[0].memory_stats()
+    if stats and stats.get("bytes_limit"):
+        return int(stats["bytes_limit"]), "the device's memory_stats"
+    import jax
+
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    local = max(1, sum(d.process_index == jax.process_index() for d in devices))
+    return host // local, f"host RAM / {local} local device(s)"
+
+
+def _per_device_bytes(tree) -> int:
+    """Bytes one device holds of a tree of ShapeDtypeStructs with shardings (the largest shard)."""
+    import jax
+    import numpy as np
+
+    total = 0
+    for x in jax.tree.leaves(tree):
+        shape = x.sharding.shard_shape(x.shape) if getattr(x, "sharding", None) is not None else x.shape
+        total += math.prod(shape) * np.dtype(x.dtype).itemsize
+    return total
+
+
+def _axis_share(mesh, rule_axes, size: int) -> int:
+    """How many ways a dimension of `size` splits over the mesh axes named by a rule (1 when they do not divide)."""
+    axes = rule_axes if isinstance(rule_axes, tuple) else (rule_axes,) if rule_axes else ()
+    ways = math.prod(mesh.shape[a] for a in axes)
+    return ways if ways and size % ways == 0 else 1
+
+
+def kv_cache_bytes(cfg, model_cfg, mesh, prefill: int | None = None) -> int:
+    """The sampler's KV cache for a step's rows at their largest, per device: [rows, kv heads, slots, head dim]
+    keys and values in every layer, in the sampling dtype; rows over the batch axes, kv heads over the tensor
+    axis (parallel/rules.py). Prefilled contexts are cached once more before they are copied into the rows.
+    `prefill`: the context bucket (default: that of data.max_prompt_len)."""
+    import numpy as np
+
+    from jaxrl_llm.parallel.rules import DEFAULT_RULES
+    from jaxrl_llm.sampling.buckets import bucket
+    from jaxrl_llm.sampling.sampler import Sampler
+
+    sampler = Sampler(None, pad_id=0, max_cache_len=model_cfg.max_position_embeddings)
+    max_new = min(cfg.rollout.max_new_tokens, sampler.max_cache_len - 1)  # the sampler's per-row clamp
+    rows, prefill, slots = sampler.shapes(cfg.rollout.prompts_per_step * cfg.rollout.group_size,
+                                          prefill or cfg.data.max_prompt_len, max_new)
+    contexts = bucket(cfg.rollout.prompts_per_step) if cfg.rollout.shared_prefix else rows
+    dtype = np.dtype(cfg.model.compute_dtype).itemsize  # sampling runs in the compute dtype
+    kv = model_cfg.num_kv_heads // _axis_share(mesh, DEFAULT_RULES["kv_heads"], model_cfg.num_kv_heads)
+    per_slot = 2 * model_cfg.num_layers * kv * model_cfg.head_dim * dtype
+    row_ways = _axis_share(mesh, DEFAULT_RULES["batch"], rows)
+    return per_slot * (rows * slots + contexts * prefill) // row_ways
+
+
+def plan(cfg, model_cfg=None, *, update=None, prefill: int | None = None) -> MemoryPlan:
+    """The plan for `cfg` on the devices JAX finds (allocates nothing). `update`: (XLA memory analysis,
+    micro-batches, rows per micro-batch) of the trainer's own update program (train/loop.py compiles it ahead
+    of its first step); None compiles one here for the trainer's largest batch (bench/memory.py). `prefill`:
+    the sampler's context bucket (default: that of data.max_prompt_len)."""
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from jaxrl_llm.bench.memory import model_config, update_memory
+    from jaxrl_llm.model.transformer import abstract_model
+    from jaxrl_llm.parallel.mesh import make_mesh
+    from jaxrl_llm.parallel.rules import DEFAULT_RULES, sharding_tree
+    from jaxrl_llm.rl.update import make_optimizer, optimizer_shardings
+    from jaxrl_llm.sampling.buckets import bucket
+
+    model_cfg = model_cfg or model_config(cfg)
+    mesh = make_mesh({"data": cfg.mesh.data, "fsdp": cfg.mesh.fsdp, "tensor": cfg.mesh.tensor})
+    _, state = nnx.split(abstract_model(model_cfg))
+    params = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state,
+                          sharding_tree(state, mesh))
+    optimizer = make_optimizer(cfg.optim.lr)
+    opt = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                       jax.eval_shape(optimizer.init, params), optimizer_shardings(optimizer, params, mesh))
+    param_bytes, opt_bytes = _per_device_bytes(params), _per_device_bytes(opt)
+    f32_params = _per_device_bytes(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, np.float32,
+                                                                               sharding=x.sharding), params))
+    if update is None:
+        r = update_memory(cfg, model_cfg, devices=int(mesh.devices.size))
+        update = (None, r["micro_batches"], r["rows_per_micro_batch"])
+        temp, peak = r["temp_bytes"], r["peak_bytes"]
+    else:
+        m = update[0]
+        temp = m.temp_size_in_bytes
+        peak = m.argument_size_in_bytes + m.temp_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+    _, micro_batches, micro_rows = update
+    grads = f32_params * (2 if micro_batches > 1 else 1)
+    copy = 0
+    if cfg.model.compute_dtype != cfg.model.param_dtype:
+        copy = param_bytes * np.dtype(cfg.model.compute_dtype).itemsize // np.dtype(cfg.model.param_dtype).itemsize
+    rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size
+    logits = 3 * bucket(rows) * model_cfg.vocab_size * 4 // _axis_share(mesh, DEFAULT_RULES["batch"], bucket(rows))
+    capacity, source = device_capacity(list(mesh.devices.flat), cfg.train.device_memory_gib)
+    return MemoryPlan(devices=int(mesh.devices.size), platform=mesh.devices.flat[0].platform, mesh=dict(mesh.shape),
+                      capacity=capacity, capacity_source=source, params=param_bytes, optimizer=opt_bytes,
+                      reference=param_bytes if cfg.algo.kl_coef > 0 else 0, sampling_copy=copy, gradients=grads,
+                      activations=max(temp - grads, 0), update_peak=peak,
+                      kv_cache=kv_cache_bytes(cfg, model_cfg, mesh, prefill), sampler_logits=logits,
+                      micro_batch=int(micro_rows), micro_batches=int(micro_batches),
+                      remat=bool(cfg.model.remat))
+
+
+def suggestions(p: MemoryPlan, cfg) -> list[str]:
+    """Settings that would bring the plan under the devices' usable memory, each estimated on its own."""
+    out = []
+    rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size // cfg.algo.minibatches
+    m = cfg.algo.micro_batch
+    while m > 1:  # activations scale with the rows of a micro-batch
+        m //= 2
+        if rows % m:
+            continue
+        act = p.activations * m // p.micro_batch
+        more = p.gradients if p.micro_batches == 1 else 0  # accumulating micro-batches keep a second gradient copy
+        scaled = dataclasses.replace(p, activations=act, gradients=p.gradients + more,
+                                     update_peak=p.update_peak - p.activations + act + more)
+        if scaled.fits:
+            out.append(f"algo.micro_batch={m} (update peak about {_size(scaled.update_peak + scaled.sampling_copy)})")
+            break
+    tensor = max(cfg.mesh.tensor, 1)
+    for f in (2, 4, 8, 16, 32, 64, 128, 256):  # parameters, optimizer state and gradients divide by fsdp
+        if f <= cfg.mesh.fsdp or p.devices % (f * tensor):
+            continue
+        part = lambda b: b * cfg.mesh.fsdp // f  # noqa: E731
+        in_update = p.params + p.optimizer + p.reference + p.gradients
+        scaled = dataclasses.replace(p, params=part(p.params), optimizer=part(p.optimizer),
+                                     reference=part(p.reference), sampling_copy=part(p.sampling_copy),
+                                     gradients=part(p.gradients), update_peak=p.update_peak - in_update + part(in_update))
+        if scaled.fits:
+            out.append(f"mesh.fsdp={f} with mesh.data={p.devices // f // tensor} (peak about {_size(scaled.peak)})")
+            break
+    if not p.remat and p.platform != "cpu":
+        out.append("model.remat=true (recomputes each layer's activations in the backward pass)")
+    return out
+
+
+def check(cfg, log=print, model_cfg=None, **plan_args) -> MemoryPlan:
+    """Print the plan; raise MemoryPlanError when it does not fit."""
+    p = plan(cfg, model_cfg, **plan_args)
+    log(p.report())
+    if not p.fits:
+        tips = suggestions(p, cfg)
+        raise MemoryPlanError(
+            f"this config needs about {_size(p.peak)} per device, more than the {_size(p.usable)} "
+            f"usable of each of the {p.devices} {p.platform} device(s) found ({HEADROOM:.0%} of "
+            f"{_size(p.capacity)}, {p.capacity_source}). "
+            + ("Settings that would fit: " + "; or ".join(tips) if tips else
+               "No single setting here makes it fit: use more or larger devices, or a smaller model") + ".")
+    return p
