@@ -53,8 +53,10 @@ def _load_cfg(args, extra=()):
 
 
 def _cmd_train(args) -> int:
+    from jaxrl_llm.parallel.distributed import initialize_from_env
     from jaxrl_llm.train.loop import RESUME_EXIT_CODE, Run
 
+    initialize_from_env()  # launch scripts say which processes make up the run
     run = Run(_load_cfg(args))
     run.train()
     return RESUME_EXIT_CODE if run.stopped else 0
@@ -97,6 +99,8 @@ def _cmd_bench(args) -> int:
 
 
 def main(argv=None) -> int:
+    from jaxrl_llm.parallel.distributed import DistributedError
+
     parser = argparse.ArgumentParser(prog="jaxrl-llm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     shown = argparse.ArgumentDefaultsHelpFormatter
@@ -140,7 +144,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.fn(args)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, DistributedError) as e:
         print(f"jaxrl-llm: error: {e}", file=sys.stderr)
         return 2
 

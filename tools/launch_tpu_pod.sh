@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Train on a Cloud TPU VM slice: create it (--create) or reuse it, copy this project to every worker and
+# set it up there, start the same training command on all workers, stream worker 0's log, and restart
+# the run from its checkpoint whenever it stops for preemption or maintenance (exit 75). Ctrl-C / SIGTERM
+# stop every worker cleanly (each saves), then the script exits; run it again to resume.
+# Needs the gcloud CLI, logged in. Multi-host slices (more than one worker, e.g. v5p-64) need the multi-host
+# data path, which the trainer refuses until it lands (README, "Scale-out"); single-host slices
+# (v5litepod-8, v4-8) run now.
+#
+#   bash tools/launch_tpu_pod.sh --name NAME --zone ZONE --type v5litepod-8 [--version tpu-ubuntu2204-base]
+#        [--project PROJECT] [--create] [--spot] [--dir jaxrl_llm] [--dry-run] -- CONFIG [a.b=value ...]
+#   bash tools/launch_tpu_pod.sh --dry-run --name rl --zone us-west4-a --type v5litepod-8 --create -- configs/tpu_qwen2.5_1.5b.yaml
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source tools/launch_lib.sh
+name="" zone="" type="" version="tpu-ubuntu2204-base" project="" create=0 spot=0 dir="jaxrl_llm"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --name) name=$2; shift 2 ;;
+    --zone) zone=$2; shift 2 ;;
+    --type) type=$2; shift 2 ;;
+    --version) version=$2; shift 2 ;;
+    --project) project=$2; shift 2 ;;
+    --dir) dir=$2; shift 2 ;;
+    --create) create=1; shift ;;
+    --spot) spot=1; shift ;;
+    --dry-run) DRY_RUN=1; shift ;;
+    --) shift; break ;;
+    *) echo "launch_tpu_pod: unknown option $1 (see the header of $0)" >&2; exit 2 ;;
+  esac
+done
+for v in name zone; do
+  if [ -z "${!v}" ]; then echo "launch_tpu_pod: --$v is required" >&2; exit 2; fi
+done
+need_config "${1:-}"
+gc=(gcloud compute tpus tpu-vm)
+where=(--zone="$zone")
+[ -n "$project" ] && where+=(--project="$project")
+
+# 1. the slice: reuse it, or create it
+if [ "$DRY_RUN" = 1 ] || ! "${gc[@]}" describe "$name" "${where[@]}" >/dev/null 2>&1; then
+  if [ "$create" = 1 ]; then
+    if [ -z "$type" ]; then echo "launch_tpu_pod: --create needs --type (e.g. v5litepod-8)" >&2; exit 2; fi
+    extra=(); [ "$spot" = 1 ] && extra=(--spot)
+    run "${gc[@]}" create "$name" "${where[@]}" --accelerator-type="$type" --version="$version" "${extra[@]}"
+  elif [ "$DRY_RUN" != 1 ]; then
+    echo "launch_tpu_pod: no TPU VM $name in $zone; pass --create --type TYPE to make one" >&2; exit 2
+  fi
+fi
+
+# 2. the project on every worker: tracked and untracked-but-not-ignored files, set up with TPU jax
+archive=$(mktemp -d)/jaxrl_llm.tar.gz
+run tar -czf "$archive" $(git ls-files -co --exclude-standard)
+run "${gc[@]}" scp "$archive" "$name:~/jaxrl_llm.tar.gz" "${where[@]}" --worker=all
+run "${gc[@]}" ssh "$name" "${where[@]}" --worker=all \
+  --command="mkdir -p ~/$dir && tar -xzf ~/jaxrl_llm.tar.gz -C ~/$dir && cd ~/$dir && bash tools/setup.sh tpu"
+
+# 3. the run on all workers (JAXRL_DISTRIBUTED=auto: jax.distributed finds the slice's workers itself),
+#    each logging to ~/DIR/train.log and leaving its exit status in ~/DIR/exit_code; worker 0 streamed
+cmd="$(train_command "$@")"
+start="cd ~/$dir && rm -f exit_code && (nohup bash -c 'JAXRL_DISTRIBUTED=auto $cmd > train.log 2>&1; echo \$? > exit_code' >/dev/null 2>&1 &)"
+stream="cd ~/$dir && (tail -n +1 -F train.log & t=\$!; while [ ! -f exit_code ]; do sleep 5; done; sleep 1; kill \$t); exit \$(cat exit_code)"
+stop="pkill -TERM -f 'jaxrl-llm train' || true"
+one() {
+  run "${gc[@]}" ssh "$name" "${where[@]}" --worker=all --command="$start"
+  if [ "$DRY_RUN" != 1 ]; then
+    trap 'STOPPING=1; "${gc[@]}" ssh "$name" "${where[@]}" --worker=all --command="$stop"' INT TERM
+  fi
+  local rc
+  run "${gc[@]}" ssh "$name" "${where[@]}" --worker=0 --command="$stream" && rc=0 || rc=$?
+  trap - INT TERM
+  return "$rc"
+}
+[ "$DRY_RUN" = 1 ] && echo "# on Ctrl-C / SIGTERM: + ${gc[*]} ssh $name ${where[*]} --worker=all --command=\"$stop\""
+resume_loop one
