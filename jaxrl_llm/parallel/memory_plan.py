@@ -99,16 +99,16 @@ def _size(b: int) -> str:
 
 def device_capacity(devices, override_gib: float = 0.0) -> tuple[int, str]:
     """(bytes per device, where the figure comes from)."""
-    if override_gib > 0:
-        return int(override_gib * _GIB), "train.device_memory_gib"
-    stats = devices[0].memory_stats()
-    if stats and stats.get("bytes_limit"):
-        return int(stats["bytes_limit"]), "the device's memory_stats"
     import jax
 
+    if override_gib > 0:
+        return int(override_gib * _GIB), "train.device_memory_gib"
+    local = [d for d in devices if d.process_index == jax.process_index()] or list(devices)
+    stats = local[0].memory_stats()  # only this process's devices can be asked
+    if stats and stats.get("bytes_limit"):
+        return int(stats["bytes_limit"]), "the device's memory_stats"
     host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    local = max(1, sum(d.process_index == jax.process_index() for d in devices))
-    return host // local, f"host RAM / {local} local device(s)"
+    return host // len(local), f"host RAM / {len(local)} local device(s)"
 
 
 def _per_device_bytes(tree) -> int:
