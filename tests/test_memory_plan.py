@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import jax
+import numpy as np
 import pytest
 
 from jaxrl_llm.config import load_config
@@ -143,8 +144,27 @@ def test_the_trainer_refuses_before_allocating(tmp_path):
 
     logs = []
     with pytest.raises(MemoryPlanError, match="per device"):
-        Run(_tiny_cfg(tmp_path, "train.device_memory_gib=0.00001"), log=logs.append)
+        Run(_tiny_cfg(tmp_path, "train.memory_check=true", "train.device_memory_gib=0.00001"), log=logs.append)
     assert "memory plan per device" in logs[0]
     assert not (tmp_path / "run" / "checkpoints").exists()  # refused before the run set anything up
-    run = Run(_tiny_cfg(tmp_path), log=logs.append)  # the same run on the memory the devices have
-    assert run.memory_plan.fits and run.memory_plan.activations > 0
+
+
+def test_a_planned_run_trains_exactly_as_an_unplanned_one(tmp_path):
+    """With the plan on, the first step runs the update program the plan compiled ahead of time: every metric
+    and parameter equals the run without the plan."""
+    import jax
+    from flax import nnx
+    from test_trainer import _tiny_cfg, _train_rows
+
+    from jaxrl_llm.train.loop import Run
+
+    runs = {}
+    for flag in ("true", "false"):
+        cfg = _tiny_cfg(tmp_path / flag, "train.steps=2", f"train.memory_check={flag}")
+        run = Run(cfg, log=lambda m: None)
+        assert (run.memory_plan is not None) == (flag == "true")
+        run.train()
+        runs[flag] = (_train_rows(cfg.train.out_dir), jax.device_get(nnx.to_pure_dict(run.state.params)))
+    (rows_a, p_a), (rows_b, p_b) = runs["true"], runs["false"]
+    assert rows_a == rows_b
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b), p_a, p_b)
