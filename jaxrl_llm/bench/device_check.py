@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -99,6 +100,7 @@ def update_check(shape: dict, prompts: int, group: int, ctx: int, new: int, repe
     from flax import nnx
 
     from jaxrl_llm.bench.step_bench import _matmul_params
+    from jaxrl_llm.config import load_config
     from jaxrl_llm.model.config import ModelConfig
     from jaxrl_llm.model.transformer import init_model
     from jaxrl_llm.parallel.mesh import make_mesh
@@ -106,6 +108,7 @@ def update_check(shape: dict, prompts: int, group: int, ctx: int, new: int, repe
     from jaxrl_llm.rl.batch import RowBatch, positions
     from jaxrl_llm.rl.layout import shared_layout
     from jaxrl_llm.rl.update import UpdateSpec, init_optimizer, make_optimizer, make_update
+    from jaxrl_llm.train.loop import _coefs
 
     cfg = ModelConfig(**shape, param_dtype="float32")
     mesh = make_mesh({"data": -1})
@@ -124,8 +127,7 @@ def update_check(shape: dict, prompts: int, group: int, ctx: int, new: int, repe
     batch = shared_layout(rows, np.arange(n), group)
     spec = UpdateSpec(layout="shared", compute_dtype="bfloat16")
     update = make_update(graphdef, spec, optimizer, params, opt_state, mesh)
-    coefs = {"eps_low": 0.2, "eps_high": 0.28, "dual_clip": 3.0, "kl_coef": 0.0, "hindsight_gamma": 1.0,
-             "norm_len": float(new)}
+    coefs = _coefs(load_config(None, [f"rollout.max_new_tokens={new}"]))  # the default config's loss coefficients
     fresh = lambda: (jax.tree.map(jnp.copy, params), jax.tree.map(jnp.copy, opt_state))  # noqa: E731
     jax.block_until_ready(update(*fresh(), batch, coefs))  # compiles
     times = []
@@ -149,7 +151,7 @@ def toy_run(steps: int) -> dict:
                f"eval.every={steps}", "eval.size=64", "sft.steps=50"]
         t0 = time.perf_counter()
         out = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True,
-                             env={**__import__("os").environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+                             env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
         wall = time.perf_counter() - t0
     if out.returncode != 0:
         return {"ok": False, "error": out.stderr[-1500:] or out.stdout[-1500:]}

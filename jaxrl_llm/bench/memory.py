@@ -71,14 +71,15 @@ def row_length(cfg, model_cfg) -> int:
     return sampler.shapes(1, cfg.data.max_prompt_len, max_new)[2]
 
 
-def _worst_case_rows(cfg, model_cfg) -> dict:
-    """The trainer's rows (train/rollout.py update_rows) at their largest: every prompt
-    data.max_prompt_len tokens, every response rollout.max_new_tokens, groups of group_size rows
-    sharing their prompt. Only shapes matter; the values just make contexts distinct per group."""
+def _worst_case_rows(cfg, model_cfg, context: int | None = None, width: int | None = None) -> dict:
+    """The trainer's rows (train/rollout.py update_rows) at their largest: every prompt `context` tokens
+    (default data.max_prompt_len) in rows of `width` (default the sampler's buffer for it), every response
+    rollout.max_new_tokens, groups of group_size rows sharing their prompt. Only shapes matter; the values
+    just make contexts distinct per group."""
     import numpy as np
 
     n = cfg.rollout.prompts_per_step * cfg.rollout.group_size
-    width, ctx = row_length(cfg, model_cfg), cfg.data.max_prompt_len
+    width, ctx = width or row_length(cfg, model_cfg), context or cfg.data.max_prompt_len
     new = min(cfg.rollout.max_new_tokens, width - ctx)
     tokens = np.zeros((n, width), np.int32)
     tokens[:, :ctx] = (np.arange(n) // cfg.rollout.group_size + 1)[:, None]

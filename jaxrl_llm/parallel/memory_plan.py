@@ -251,3 +251,33 @@ def check(cfg, log=print, model_cfg=None, **plan_args) -> MemoryPlan:
             + ("Settings that would fit: " + "; or ".join(tips) if tips else
                "No single setting here makes it fit: use more or larger devices, or a smaller model") + ".")
     return p
+
+
+def check_run(run, params, longest: int) -> MemoryPlan:
+    """`check` for a train/loop.py Run being built (its parameters placed, nothing else allocated), its update
+    figure from XLA's analysis of the run's OWN update program for a step of the likeliest largest shape: the
+    longest prompt (`longest` tokens), every response rollout.max_new_tokens long, laid out as the trainer lays
+    out its steps. Compiled ahead of time through the run's update, so a first step of that shape runs it."""
+    import jax
+    import numpy as np
+
+    from jaxrl_llm.bench.memory import _worst_case_rows
+    from jaxrl_llm.rl.update import abstract_optimizer_state
+    from jaxrl_llm.train.loop import _coefs, minibatch, rl_update_spec
+
+    cfg = run.cfg
+    max_new = min(cfg.rollout.max_new_tokens, run.sampler.max_cache_len - 1)
+    _, prefill, width = run.sampler.shapes(run.rows, longest, max_new)
+    rows = _worst_case_rows(cfg, run.policy.model_cfg, context=longest, width=width)
+    per_update = run.rows // cfg.algo.minibatches
+    batch = minibatch(cfg, rows, np.arange(per_update) * cfg.algo.minibatches, min_group=run.min_group,
+                      extra_contexts=run.extra_contexts, min_context=run.min_context)
+    analysis = run.update.memory_analysis(params, abstract_optimizer_state(run.optimizer, params, run.mesh),
+                                          batch, _coefs(cfg))
+    if cfg.rollout.shared_prefix:  # [micro-batches, rows, tokens]
+        micro = batch.tokens.shape[:2]
+    else:
+        spec = rl_update_spec(cfg)
+        micro = (spec.micro_batches, per_update // spec.micro_batches)
+    return check(cfg, log=run.log if jax.process_index() == 0 else lambda m: None, model_cfg=run.policy.model_cfg,
+                 update=(analysis, *micro), prefill=prefill)

@@ -26,7 +26,7 @@ from jaxrl_llm.data.pipeline import prompt_batches
 from jaxrl_llm.data.tasks import load_sft_items, load_splits
 from jaxrl_llm.model.hf_io import export_hf_folder
 from jaxrl_llm.model.tokenizer import pad_id, stop_ids
-from jaxrl_llm.parallel.memory_plan import check as check_memory
+from jaxrl_llm.parallel.memory_plan import check_run as check_run_memory
 from jaxrl_llm.parallel.mesh import make_mesh
 from jaxrl_llm.rewards.judge import Judge, judge_items, load_judge, sampler_generate
 from jaxrl_llm.rewards.pool import RewardPool
@@ -193,7 +193,7 @@ class Run:
                                min_unique=cfg.rollout.prompts_per_step + self.extra_contexts
                                if self.extra_contexts else 1)
         # before the optimizer state, the sampler's cache or any step takes memory: refuse what cannot fit
-        self.memory_plan = self._plan_memory(params, longest) if cfg.train.memory_check else None
+        self.memory_plan = check_run_memory(self, params, longest) if cfg.train.memory_check else None
         first_opt = self.sft_opt if cfg.sft.steps > 0 else self.optimizer
         self.state = TrainState(params=params, opt_state=init_optimizer(first_opt, params, self.mesh),
                                 explore=explore_state, seed=cfg.train.seed)
@@ -202,33 +202,6 @@ class Run:
                                  async_save=cfg.train.async_checkpoint)
         self.sft_ckpt = Checkpointer(self.out_dir / "sft_checkpoints", keep=cfg.train.keep_checkpoints,
                                      async_save=cfg.train.async_checkpoint)
-
-    def _plan_memory(self, params, longest: int):
-        """The per-device memory plan (parallel/memory_plan.py), its update figure from XLA's analysis of this
-        run's own update program for a step of the likeliest largest shape: the longest training prompt, every
-        response rollout.max_new_tokens long. Compiled through the trainer's jit, so a first step of that shape
-        reuses the program."""
-        cfg, n, g = self.cfg, self.rows, self.cfg.rollout.group_size
-        max_new = min(cfg.rollout.max_new_tokens, self.sampler.max_cache_len - 1)
-        _, prefill, width = self.sampler.shapes(n, longest, max_new)
-        tokens = np.zeros((n, width), np.int32)
-        tokens[:, :longest] = (np.arange(n) // g + 1)[:, None]  # one context per group
-        mask = np.zeros((n, width), bool)
-        mask[:, longest:longest + max_new] = True
-        rows = RowBatch.make(tokens, mask, context_len=np.full(n, longest, np.int32),
-                             advantages=np.zeros(n, np.float32))
-        per_update = n // cfg.algo.minibatches
-        batch = minibatch(cfg, rows, np.arange(per_update) * cfg.algo.minibatches, min_group=self.min_group,
-                          extra_contexts=self.extra_contexts, min_context=self.min_context)
-        analysis = self.update.memory_analysis(params, abstract_optimizer_state(self.optimizer, params, self.mesh),
-                                               batch, _coefs(cfg))
-        if cfg.rollout.shared_prefix:  # [micro-batches, rows, tokens]
-            micro = batch.tokens.shape[:2]
-        else:
-            spec = rl_update_spec(cfg)
-            micro = (spec.micro_batches, per_update // spec.micro_batches)
-        return check_memory(cfg, log=self.log if jax.process_index() == 0 else lambda m: None,
-                            model_cfg=self.policy.model_cfg, update=(analysis, *micro), prefill=prefill)
 
     # -- the train state in checkpoints -----------------------------------------------------------
     def _arrays_like(self, registry: dict) -> dict:
