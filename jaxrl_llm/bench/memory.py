@@ -129,37 +129,44 @@ def _mesh(cfg, devices: int | None, platform: str | None):
     return make_mesh(shape, devices=available[:n])
 
 
+def abstract_state(cfg, model_cfg, mesh):
+    """(graphdef, parameters, optimizer, optimizer state) of a run of `cfg` on `mesh` as ShapeDtypeStructs with
+    the trainer's shardings (parameters by parallel/rules.py, Adam's moments like them): nothing allocated."""
+    import jax
+    from flax import nnx
+
+    from jaxrl_llm.model.transformer import abstract_model
+    from jaxrl_llm.parallel.rules import sharding_tree
+    from jaxrl_llm.rl.update import abstract_optimizer_state, make_optimizer
+
+    model = abstract_model(model_cfg)
+    model.remat = cfg.model.remat  # as train/policy.py _with_remat
+    graphdef, state = nnx.split(model)
+    params = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state,
+                          sharding_tree(state, mesh))
+    o = cfg.optim
+    optimizer = make_optimizer(o.lr, warmup_steps=o.warmup_steps, schedule=o.schedule,
+                               total_steps=cfg.train.steps * cfg.algo.ppo_epochs * cfg.algo.minibatches,
+                               weight_decay=o.weight_decay, b1=o.b1, b2=o.b2, max_grad_norm=o.max_grad_norm)
+    return graphdef, params, optimizer, abstract_optimizer_state(optimizer, params, mesh)
+
+
 def update_memory(cfg, model_cfg=None, *, devices: int | None = None, platform: str | None = None) -> dict:
     """XLA's memory analysis (bytes per device) of the compiled update program for `cfg`, and the facts
     it depends on. `model_cfg` defaults to the config's model (its HF folder must be here). The
     optimizer state is laid out as the trainer lays it out (rl/update.py optimizer_shardings)."""
     import jax
     import jax.numpy as jnp
-    from flax import nnx
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from jaxrl_llm.model.transformer import abstract_model
-    from jaxrl_llm.parallel.rules import sharding_tree
     from jaxrl_llm.rl.batch import shapes
-    from jaxrl_llm.rl.update import make_optimizer, optimizer_shardings
 
     model_cfg = model_cfg or model_config(cfg)
     mesh = _mesh(cfg, devices, platform)
-    model = abstract_model(model_cfg)
-    model.remat = cfg.model.remat  # as train/policy.py _with_remat
-    graphdef, state = nnx.split(model)
-    param_sh = sharding_tree(state, mesh)
-    params = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, param_sh)
-
-    o = cfg.optim
-    optimizer = make_optimizer(o.lr, warmup_steps=o.warmup_steps, schedule=o.schedule,
-                               total_steps=cfg.train.steps * cfg.algo.ppo_epochs * cfg.algo.minibatches,
-                               weight_decay=o.weight_decay, b1=o.b1, b2=o.b2, max_grad_norm=o.max_grad_norm)
+    graphdef, params, optimizer, opt_state = abstract_state(cfg, model_cfg, mesh)
     replicated = NamedSharding(mesh, P())
-    opt_shapes = jax.eval_shape(optimizer.init, params)
-    opt_sh = optimizer_shardings(optimizer, params, mesh)
-    opt_state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), opt_shapes, opt_sh)
+    opt_sh = jax.tree.map(lambda x: x.sharding, opt_state)
 
     length = row_length(cfg, model_cfg)
     spec, np_batch, batch_sh, coefs, step = _update_program(cfg, model_cfg, graphdef, optimizer, mesh)

@@ -160,23 +160,15 @@ def plan(cfg, model_cfg=None, *, update=None, prefill: int | None = None) -> Mem
     the sampler's context bucket (default: that of data.max_prompt_len)."""
     import jax
     import numpy as np
-    from flax import nnx
 
-    from jaxrl_llm.bench.memory import model_config, update_memory
-    from jaxrl_llm.model.transformer import abstract_model
+    from jaxrl_llm.bench.memory import abstract_state, model_config, update_memory
     from jaxrl_llm.parallel.mesh import make_mesh
-    from jaxrl_llm.parallel.rules import DEFAULT_RULES, sharding_tree
-    from jaxrl_llm.rl.update import make_optimizer, optimizer_shardings
+    from jaxrl_llm.parallel.rules import DEFAULT_RULES
     from jaxrl_llm.sampling.buckets import bucket
 
     model_cfg = model_cfg or model_config(cfg)
     mesh = make_mesh({"data": cfg.mesh.data, "fsdp": cfg.mesh.fsdp, "tensor": cfg.mesh.tensor})
-    _, state = nnx.split(abstract_model(model_cfg))
-    params = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state,
-                          sharding_tree(state, mesh))
-    optimizer = make_optimizer(cfg.optim.lr)
-    opt = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                       jax.eval_shape(optimizer.init, params), optimizer_shardings(optimizer, params, mesh))
+    _, params, _, opt = abstract_state(cfg, model_cfg, mesh)
     param_bytes, opt_bytes = _per_device_bytes(params), _per_device_bytes(opt)
     f32_params = _per_device_bytes(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, np.float32,
                                                                                sharding=x.sharding), params))
