@@ -340,3 +340,41 @@ def test_reward_columns_are_shown_only_where_rewards_are_graded(tmp_path):
     assert "| 0.400 | 0.550 | 0.450 |" in text
     plain = ablate.format_markdown(spec, ablate.arm_table(spec, runs[:1]), runs[:1], missing)
     assert "greedy reward" not in plain
+
+
+def test_archived_records_carry_a_grid_over_to_a_fresh_checkout(tmp_path, monkeypatch, capsys):
+    """With `archive`, finished runs' records (no checkpoints) are copied there as they finish; once the
+    run folders are gone (a fresh machine), those runs still count as finished and still make the table."""
+    path = _write_spec(tmp_path, "base: BASE\nseeds: [0, 1]\nout_dir: OUT\narms: {a: [], b: []}\n"
+                                 f"archive: {tmp_path / 'kept'}\n")
+    spec = ablate.load_spec(path)
+    launched, short = [], {("b", 1)}
+
+    def fake_launch(spec, arm, seed):
+        launched.append((arm, seed))
+        return _FakeTrainer(spec.run_dir(arm, seed), 2, 1 if (arm, seed) in short else 2, 0)
+
+    monkeypatch.setattr(ablate, "_launch", fake_launch)
+    assert ablate.main([str(path)]) == 1  # b seed 1 stops short of its final eval
+    kept = tmp_path / "kept"
+    assert sorted(str(p.relative_to(kept)) for p in kept.rglob("*") if p.is_file()) == sorted(
+        [f"runs/{a}/seed{s}/{n}" for a, s in (("a", 0), ("b", 0), ("a", 1)) for n in ablate.RECORD]
+        + ["results.md", "results.csv", "curves.png"])
+    table = (kept / "results.md").read_text()
+    assert table == (spec.out_dir / "results.md").read_text() and "- b seed 1: unfinished or failed" in table
+
+    import shutil
+    shutil.rmtree(spec.out_dir)  # the machine is gone; the committed archive is what is left
+    capsys.readouterr()
+    assert ablate.main([str(path), "--dry-run"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[:3] == [f"# done: {a} seed {s} ({kept / 'runs' / a / f'seed{s}' / ablate.DONE})"
+                       for a, s in (("a", 0), ("b", 0), ("a", 1))]
+    assert len(out) == 4 and f"train.out_dir={spec.run_dir('b', 1)}" in out[3]
+    launched.clear()
+    short.clear()
+    assert ablate.main([str(path)]) == 0
+    assert launched == [("b", 1)]  # only the unfinished run trains again
+    assert "Missing" not in (kept / "results.md").read_text()
+    runs, missing = ablate.collect(spec)
+    assert missing == [] and sorted((r.arm, r.seed) for r in runs) == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]

@@ -15,11 +15,17 @@ A spec (YAML; relative paths are taken from the working directory, like the trai
     arms:
       grpo: []
       hot: [rollout.temperature=1.2]
+    archive: tools/results/ablate_example        # optional, meant to be committed: see below
 
 Each run is `python -m jaxrl_llm.cli train --config base *overrides *arm train.seed=S train.out_dir=...`
 in a subprocess (output appended to <run_dir>/train.log); rerunning the harness resumes unfinished
 runs from their checkpoints and skips finished ones (those with ablation_done.json). Ctrl-C / SIGTERM
 is forwarded to the running trainer, which checkpoints and exits; then the harness stops.
+
+With `archive`, every finished run's record (config.yaml, metrics.jsonl, ablation_done.json: a few
+kB, no checkpoints) is copied to <archive>/runs/<arm>/seed<S> and the report to <archive>. A run whose
+record is there counts as finished even where out_dir is gone, so a grid longer than one machine's life
+continues on a fresh checkout: commit the archive, rerun the same command.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import math
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,10 +49,11 @@ from pathlib import Path
 
 import yaml
 
-SPEC_KEYS = ("base", "overrides", "seeds", "out_dir", "arms")
+SPEC_KEYS = ("base", "overrides", "seeds", "out_dir", "arms", "archive")
 HARNESS_KEYS = ("train.seed", "train.out_dir")  # set per run by the harness, never by a spec
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 DONE, LOG = "ablation_done.json", "train.log"
+RECORD = ("config.yaml", "metrics.jsonl", DONE)  # what the archive keeps of a finished run (no checkpoints)
 EVAL_KS = (1, 2, 4, 8, 16)
 EVAL_COLUMNS = (("greedy_accuracy", "greedy"), ("sampled_accuracy", "sampled T=1"),
                 *((f"pass@{k}", f"pass@{k}") for k in EVAL_KS), ("never_solved_share", "never solved"),
@@ -73,9 +81,20 @@ class Spec:
     seeds: tuple[int, ...]
     out_dir: Path
     arms: dict[str, tuple[str, ...]]
+    archive: Path | None = None
 
     def run_dir(self, arm: str, seed: int) -> Path:
         return self.out_dir / arm / f"seed{seed}"
+
+    def archived(self, arm: str, seed: int) -> Path | None:
+        return None if self.archive is None else self.archive / "runs" / arm / f"seed{seed}"
+
+    def record(self, arm: str, seed: int) -> Path | None:
+        """The folder holding the run's finished record: its run folder, else its archived copy, else None."""
+        for d in (self.run_dir(arm, seed), self.archived(arm, seed)):
+            if d is not None and (d / DONE).is_file():
+                return d
+        return None
 
     def run_overrides(self, arm: str, seed: int) -> list[str]:
         return [*self.overrides, *self.arms[arm], f"train.seed={seed}", f"train.out_dir={self.run_dir(arm, seed)}"]
@@ -144,8 +163,11 @@ def load_spec(path: str | Path) -> Spec:
         if not isinstance(name, str) or not ARM_NAME.match(name):
             fail(f"'arms.{name}': an arm name is a folder name (letters, digits, _ . -)")
         checked[name] = _override_list(value, f"arms.{name}", fail)
+    archive = raw.get("archive")
+    if archive is not None and (not isinstance(archive, str) or not archive):
+        fail(f"'archive' must be a folder path, got {archive!r}")
     return Spec(path, base, _override_list(raw.get("overrides"), "overrides", fail), tuple(seeds), Path(out_dir),
-                checked)
+                checked, None if archive is None else Path(archive))
 
 
 def check_configs(spec: Spec, arms) -> None:
@@ -254,8 +276,9 @@ def collect(spec: Spec) -> tuple[list[RunData], list[tuple[str, int, str]]]:
     runs, missing = [], []
     for arm in spec.arms:
         for seed in spec.seeds:
-            d = spec.run_dir(arm, seed)
-            if not (d / DONE).is_file():
+            d = spec.record(arm, seed)
+            if d is None:
+                d = spec.run_dir(arm, seed)
                 why = f"unfinished or failed (see {d / LOG})" if d.exists() else "not started"
                 missing.append((arm, seed, why))
                 continue
@@ -405,16 +428,35 @@ def plot_curves(spec: Spec, runs: list[RunData], path: Path) -> None:
     plt.close(fig)
 
 
+def archive_run(spec: Spec, arm: str, seed: int) -> None:
+    """Copy a finished run's record into the archive (no-op without one, or when the run is not finished)."""
+    src, dst = spec.run_dir(arm, seed), spec.archived(arm, seed)
+    if dst is None or not (src / DONE).is_file():
+        return
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in RECORD:
+        tmp = dst / f".{name}.tmp"
+        shutil.copyfile(src / name, tmp)
+        tmp.replace(dst / name)  # the marker last: a half-copied record never counts as finished
+
+
 def write_report(spec: Spec) -> list[Path]:
+    for arm in spec.arms:
+        for seed in spec.seeds:
+            archive_run(spec, arm, seed)
     runs, missing = collect(spec)
     table = arm_table(spec, runs)
-    spec.out_dir.mkdir(parents=True, exist_ok=True)
-    written = [spec.out_dir / "results.md", spec.out_dir / "results.csv"]
-    written[0].write_text(format_markdown(spec, table, runs, missing))
-    written[1].write_text(format_csv(table))
-    if runs:
-        plot_curves(spec, runs, spec.out_dir / "curves.png")
-        written.append(spec.out_dir / "curves.png")
+    written = []
+    for folder in (spec.out_dir, spec.archive):
+        if folder is None:
+            continue
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "results.md").write_text(format_markdown(spec, table, runs, missing))
+        (folder / "results.csv").write_text(format_csv(table))
+        written += [folder / "results.md", folder / "results.csv"]
+        if runs:
+            plot_curves(spec, runs, folder / "curves.png")
+            written.append(folder / "curves.png")
     return written
 
 
@@ -471,6 +513,7 @@ def run_grid(spec: Spec, todo: list[tuple[str, int]], parallel: int = 1, already
                         {"arm": arm, "seed": seed, "steps": run_steps(run_dir), "exit_code": rc,
                          "command": spec.command(arm, seed), "finished": time.strftime("%Y-%m-%d %H:%M:%S")},
                         indent=1) + "\n")
+                    archive_run(spec, arm, seed)
                 elif not stopped:
                     failed.append((arm, seed, why))
                     tqdm.write(f"FAILED: arm {arm}, seed {seed}: {why}; last lines of {run_dir / LOG}:\n"
@@ -523,7 +566,7 @@ def main(argv=None) -> int:
         return 2
     # seed-major order: after each pass over the arms the table compares them on equal seeds
     grid = [(arm, seed) for seed in seeds for arm in arms]
-    todo = [(a, s) for a, s in grid if not (spec.run_dir(a, s) / DONE).is_file()]
+    todo = [(a, s) for a, s in grid if spec.record(a, s) is None]
     if args.dry_run:
         env = " ".join(f"{k}={v}" for k, v in OFFLINE_ENV.items())
         for arm, seed in grid:
@@ -531,7 +574,7 @@ def main(argv=None) -> int:
             if (arm, seed) in todo:
                 print(f"{env} {shlex.join(spec.command(arm, seed))} >> {shlex.quote(str(d / LOG))} 2>&1")
             else:
-                print(f"# done: {arm} seed {seed} ({d / DONE})")
+                print(f"# done: {arm} seed {seed} ({spec.record(arm, seed) / DONE})")
         return 0
     print(f"{len(grid) - len(todo)} of {len(grid)} runs already finished; {len(todo)} to run", file=sys.stderr)
     failed, stopped = run_grid(spec, todo, args.parallel, already=len(grid) - len(todo))
