@@ -48,8 +48,14 @@ def test_plain_grpo_through_the_seam_matches_the_recorded_trainer(tmp_path):
             else:
                 assert got[k] == v, (step, k, got[k], v)
     assert sorted(params) == sorted(want_params)
+    # The recording was made on another CPU, whose vector width sums in another order. Adam divides each
+    # gradient element by its own scale, so where a gradient is near zero a last-bit difference moves that
+    # one parameter by up to a few 1e-6 (seen: 1 element of 2048 off by 1.1e-6). A changed update moves
+    # most parameters by ~lr (1e-2): all within lr / 100, and 99.9 % within rtol 1e-5 + atol 1e-6
     for k, v in want_params.items():
-        np.testing.assert_allclose(params[k], v, rtol=1e-5, atol=1e-6, err_msg=k)
+        d = np.abs(params[k] - v)
+        off = d > 1e-6 + 1e-5 * np.abs(v)
+        assert d.max() < 1e-4 and off.mean() <= 1e-3, (k, d.max(), int(off.sum()), off.size)
 
 
 if __name__ == "__main__" and "--record" in sys.argv:
