@@ -1,16 +1,19 @@
-"""The prompt pipeline (grain): per-epoch shuffling, per-host sharding, batches of item indices, and an
-iterator whose state goes into every checkpoint."""
+"""The prompt pipeline (grain): per-epoch shuffling, batches of item indices, and an iterator whose state
+goes into every checkpoint.
+
+Every process of a multi-host run draws the same GLOBAL batch (a few integers): the row plan and the
+explorers' decisions are made identically on every host from it, and the rows are then split over the
+hosts for sampling, scoring and the update (parallel/hosts.py). The order does not depend on the number
+of processes, so a run on 2 hosts trains on the same prompts as on one."""
 
 from __future__ import annotations
 
 import grain
-import jax
 
 
 def prompt_batches(num_items: int, batch_size: int, seed: int):
-    """An endless iterator of index batches [batch_size] over this host's share of the items."""
+    """An endless iterator of global index batches [batch_size] over the items."""
     ds = grain.MapDataset.source(list(range(num_items)))
-    ds = ds[jax.process_index()::jax.process_count()]
     if len(ds) < batch_size:
-        raise ValueError(f"{len(ds)} prompts on this host cannot fill a batch of {batch_size}")
+        raise ValueError(f"{len(ds)} prompts cannot fill a batch of {batch_size}")
     return ds.shuffle(seed=seed).repeat(None).batch(batch_size, drop_remainder=True).to_iter_dataset().__iter__()

@@ -32,6 +32,7 @@ from jaxrl_llm.explore.base import Explorer, Setup, StepInfo
 from jaxrl_llm.explore.budget import allocate, bounds, difficulty_ranks
 from jaxrl_llm.explore.rows import RowPlan, Rollouts
 from jaxrl_llm.explore.temperature import annealed_target, entropy_constant, next_temperature, row_temperatures
+from jaxrl_llm.parallel.hosts import to_host
 
 QUINTILES = 5
 
@@ -121,7 +122,7 @@ class E3(Explorer):
         mask = out.response_mask & fresh[:, None]
         entropy = float(out.entropy[mask].mean()) if mask.any() else float(state.entropy)
         item = plan.prompt
-        rank_rows = np.asarray(state.rank)[item]  # the ranks this step was planned with
+        rank_rows = to_host(state.rank)[item]  # the ranks this step was planned with
         # the rewards as scored (not as another explorer adjusted them) feed the difficulty tracker
         new, target = self._observe(state, jnp.asarray(item, jnp.int32), jnp.asarray(rollouts.scored, jnp.float32),
                                     jnp.asarray(fresh), jnp.float32(entropy), jnp.int32(info.step))
@@ -133,7 +134,7 @@ class E3(Explorer):
                    "e3_group_size_min": int(sizes.min()), "e3_group_size_max": int(sizes.max()),
                    # groups with 0, 1, 2, ... rollouts this step (index = group size)
                    "e3_group_size_hist": np.bincount(sizes, minlength=self.cfg.n_high + 1).tolist(),
-                   "e3_prompts_seen": int((np.asarray(new.count) > 0).sum())}
+                   "e3_prompts_seen": int((to_host(new.count) > 0).sum())}
         for q in range(QUINTILES):  # quintile 1 easiest
             rows = fresh & (quint == q)
             if rows.any():

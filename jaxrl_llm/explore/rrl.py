@@ -34,6 +34,8 @@ from jaxrl_llm.explore.cuts import boundary_table, cut_lengths, spread
 from jaxrl_llm.explore.replay import ReplayState, empty, jitted, state_shardings
 from jaxrl_llm.explore.replay import value as replay_value
 from jaxrl_llm.explore.rows import RowPlan, Rollouts
+from jaxrl_llm.parallel import hosts
+from jaxrl_llm.parallel.hosts import to_host
 from jaxrl_llm.sampling.sampler import FINISH_STOP, row_key_data
 
 MIN_FRESH_GROUP = 2  # freeing slots never leaves a fresh group below this (an advantage needs two rows)
@@ -108,7 +110,7 @@ class RRL(Explorer):
         self.ops = jitted(shardings)
         replay = empty(c.capacity, self.max_prefix)
         if shardings is not None:
-            replay = jax.device_put(replay, shardings)
+            replay = hosts.put_tree(replay, shardings)
         p = setup.num_items
         return RRLState(replay=replay, fresh_solved=jnp.zeros((p,), jnp.float32),
                         fresh_count=jnp.zeros((p,), jnp.float32), last_success=jnp.full((p,), -1.0, jnp.float32),
@@ -117,7 +119,7 @@ class RRL(Explorer):
     # -- before sampling ----------------------------------------------------------------------------
     def plan(self, state: RRLState, plan: RowPlan, info: StepInfo) -> RowPlan:
         c = self.cfg
-        last = np.asarray(state.last_success)[np.asarray(info.prompt_ids)]
+        last = to_host(state.last_success)[np.asarray(info.prompt_ids)]
         unsolved = float(np.mean(last < c.unsolved_below))
         self._pending = {"step": info.step, "unsolved_share": unsolved, "states": 0}
         if info.step <= c.warmup_steps or self.k_max == 0:
@@ -135,13 +137,13 @@ class RRL(Explorer):
             return plan
         freed = freed[:k * c.continuations]
         r = state.replay
-        length = np.asarray(r.length[slots])
-        tokens = np.asarray(r.tokens[slots])
-        drawn_value = np.asarray(replay_value(r))[slots]
+        length = to_host(r.length[slots])
+        tokens = to_host(r.tokens[slots])
+        drawn_value = to_host(replay_value(r))[slots]
         n = k * c.continuations
         first_group = int(plan.group.max()) + 1
         state_of_row = np.repeat(np.arange(k), c.continuations)
-        replay_plan = RowPlan(prompt=np.asarray(r.prompt[slots])[state_of_row].astype(plan.prompt.dtype),
+        replay_plan = RowPlan(prompt=to_host(r.prompt[slots])[state_of_row].astype(plan.prompt.dtype),
                               group=(first_group + state_of_row).astype(plan.group.dtype),
                               temperature=plan.temperature[freed].copy(),
                               prefix=tuple(tuple(int(t) for t in tokens[j, :length[j]]) for j in state_of_row),
@@ -189,11 +191,11 @@ class RRL(Explorer):
         step_solved = np.bincount(plan.prompt[fresh], weights=ok[fresh], minlength=p)
         step_count = np.bincount(plan.prompt[fresh], minlength=p).astype(np.float64)
         seen = step_count > 0
-        last = np.asarray(state.last_success).copy()
+        last = to_host(state.last_success).copy()
         last[seen] = step_solved[seen] / step_count[seen]
-        fresh_solved = np.asarray(state.fresh_solved) + step_solved
-        fresh_count = np.asarray(state.fresh_count) + step_count
-        first = np.asarray(state.first_solved).copy()
+        fresh_solved = to_host(state.fresh_solved) + step_solved
+        fresh_count = to_host(state.fresh_count) + step_count
+        first = to_host(state.first_solved).copy()
         by_fresh = np.bincount(plan.prompt, weights=ok & fresh, minlength=p) > 0
         by_replay = np.bincount(plan.prompt, weights=ok & plan.replayed, minlength=p) > 0
         first[(first == NEVER) & by_fresh] = BY_FRESH
@@ -216,12 +218,12 @@ class RRL(Explorer):
                                             float(c.backtrack_margin))
             same = fresh_count[plan.prompt[cont]] > 0
             metrics.update({
-                "rrl_replay_value": float(np.mean(pending["value"])), "rrl_demoted": int(bt["demoted"]),
+                "rrl_replay_value": float(np.mean(pending["value"])), "rrl_demoted": int(to_host(bt["demoted"])),
                 "rrl_continuation_success": float(ok[cont].mean()),
                 "rrl_fresh_success_same_prompts": float(np.mean(fresh_solved[plan.prompt[cont]][same]
                                                                / fresh_count[plan.prompt[cont]][same]))
                 if same.any() else float("nan")})
-        drops_before = int(replay.drops)
+        drops_before = int(to_host(replay.drops))
         now_solved = seen & (last >= c.unsolved_below)
         replay = self.ops.drop_prompts(replay, jnp.asarray(now_solved))
         if c.max_age:
@@ -235,9 +237,9 @@ class RRL(Explorer):
                        fresh_count=jnp.asarray(fresh_count, jnp.float32), last_success=jnp.asarray(last, jnp.float32),
                        first_solved=jnp.asarray(first, jnp.int32))
         metrics.update({
-            "rrl_fill": int((np.asarray(replay.length) > 0).sum()), "rrl_candidates": int(cand[4].sum()),
+            "rrl_fill": int((to_host(replay.length) > 0).sum()), "rrl_candidates": int(cand[4].sum()),
             "rrl_inserted": int(ins["inserted"]), "rrl_evicted": int(ins["evicted"]),
-            "rrl_duplicates": int(ins["duplicates"]), "rrl_dropped": int(replay.drops) - drops_before,
+            "rrl_duplicates": int(ins["duplicates"]), "rrl_dropped": int(to_host(replay.drops)) - drops_before,
             "rrl_replayed_states": int(k), "rrl_replay_rows": int(cont.sum()),
             "rrl_unsolved_share": float(pending.get("unsolved_share", float("nan"))),
             "rrl_solved_first_via_replay": int((first == BY_REPLAY).sum()),

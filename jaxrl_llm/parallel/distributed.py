@@ -7,10 +7,8 @@
         jax.distributed.initialize() with no arguments
     neither: one process, every local device (nothing to initialize)
 
-The trainer's data path is single-process today: the sampler and the update take host-global arrays, and
-explorer state and the judge live in one process. `initialize_from_env` therefore refuses a run of more
-than one process with a message that says so, instead of letting each host train on its own
-(README, "Scale-out").
+Each process then runs the same step on the same global view and handles its share of the rows
+(parallel/hosts.py). On CPU (tests, development) processes talk through gloo collectives.
 """
 
 from __future__ import annotations
@@ -39,18 +37,21 @@ def initialize_from_env(environ=None) -> int:
                                    f"{env['JAXRL_NUM_PROCESSES']!r} and {env['JAXRL_PROCESS_ID']!r}") from None
         if not 0 <= i < n:
             raise DistributedError(f"JAXRL_PROCESS_ID={i} is not in [0, JAXRL_NUM_PROCESSES={n})")
+        _cpu_collectives()
         jax.distributed.initialize(coordinator_address=address, num_processes=n, process_id=i)
     elif env.get("JAXRL_DISTRIBUTED", "") == "auto":
+        _cpu_collectives()
         jax.distributed.initialize()
     elif env.get("JAXRL_DISTRIBUTED", ""):
         raise DistributedError(f"JAXRL_DISTRIBUTED={env['JAXRL_DISTRIBUTED']!r}: the only value is 'auto'")
     else:
         return 1
-    count = jax.process_count()
-    if count > 1:
-        raise DistributedError(
-            f"this run has {count} processes (hosts); the trainer's data path is single-process so far (each host "
-            f"would need its own slice of the batch fed with make_array_from_process_local_data, metrics reduced "
-            f"across hosts, explorer state kept identical): multi-host training is not implemented yet. Run on one "
-            f"host (a single-host TPU slice such as v5litepod-8, or one GPU node: tools/launch_gpu_node.sh)")
-    return count
+    return jax.process_count()
+
+
+def _cpu_collectives() -> None:
+    """Processes of a CPU run (tests, development) exchange arrays through gloo; accelerators use their own
+    (NCCL, ICI) whatever this says."""
+    import jax
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")

@@ -20,6 +20,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxrl_llm.parallel import hosts
 from jaxrl_llm.parallel.rules import row_sharding, spec_for
 from jaxrl_llm.rl.forward import merged_model, rows_logp, shared_logp
 from jaxrl_llm.rl.batch import RowBatch, SharedBatch
@@ -228,7 +229,7 @@ def make_update(graphdef, spec: UpdateSpec, optimizer, params, opt_state, mesh: 
         if not isinstance(batch, kind):
             raise TypeError(f"the {spec.layout!r} update takes a {kind.__name__}, got {type(batch).__name__}")
         batch_sh = batch_shardings(mesh, spec, batch)
-        batch = jax.device_put(batch, batch_sh)
+        batch = hosts.put_tree(batch, batch_sh)
         coefs = {k: jnp.asarray(v, jnp.float32) for k, v in coefs.items()}
         ahead = compiled.get(_shape_key(batch))  # compiled ahead of time (memory_analysis) for this shape
         return (ahead or program(batch_sh))(params, opt_state, batch, coefs, *((ref_params,) if spec.use_kl else ()))
@@ -260,4 +261,4 @@ def make_logprobs(graphdef, compute_dtype: str, params, mesh: Mesh, rows: int):
         return jnp.pad(rows_logp(model, tokens, temperature), ((0, 0), (1, 0)))
 
     fn = jax.jit(logprobs, in_shardings=(shardings_of(params), tok_sh, row_sh), out_shardings=tok_sh)
-    return lambda p, tokens, temperature: fn(p, jax.device_put(tokens, tok_sh), jax.device_put(temperature, row_sh))
+    return lambda p, tokens, temperature: fn(p, hosts.put(tokens, tok_sh), hosts.put(temperature, row_sh))

@@ -30,6 +30,8 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jaxrl_llm.model.transformer import KVCache, Transformer
+from jaxrl_llm.parallel import hosts
+from jaxrl_llm.parallel.hosts import tree_to_host
 from jaxrl_llm.parallel.rules import row_sharding
 from jaxrl_llm.sampling.buckets import bucket
 from jaxrl_llm.sampling.processors import choose_tokens
@@ -274,7 +276,8 @@ class Sampler:
                                   top_k=top_k, key=key, row_keys=row_keys, prefixes=prefixes, stop_ids=stop_ids,
                                   min_rows=min_rows, min_context=min_context)
         out = generate_program(self.graphdef, state, *args)
-        tokens, logp, ent, count, reason = jax.device_get(out)
+        # rows are sharded over the mesh; on a multi-host mesh every process gathers all of them
+        tokens, logp, ent, count, reason = tree_to_host(out)
         n = meta["n"]
         return SampleOutput(
             tokens=tokens[:n], prompt_len=meta["prompt_len"], prefix_len=meta["prefix_len"],
@@ -347,9 +350,9 @@ class Sampler:
                 padded(_per_row(top_k, n, np.int32, "top_k"), 0), key_data]
         unique = [unique_tokens, unique_len]
         if self.mesh is not None:
-            rows = [jax.device_put(x, row_sharding(self.mesh, b, x.ndim)) for x in rows]
-            unique = [jax.device_put(x, row_sharding(self.mesh, u, x.ndim)) for x in unique]
-            source = jax.device_put(source, row_sharding(self.mesh, b, 1))
+            rows = [hosts.put(x, row_sharding(self.mesh, b, x.ndim)) for x in rows]
+            unique = [hosts.put(x, row_sharding(self.mesh, u, x.ndim)) for x in unique]
+            source = hosts.put(source, row_sharding(self.mesh, b, 1))
         args = [*map(jnp.asarray, rows), jnp.asarray(np.array(stops or (-1,), np.int32)),
                 *map(jnp.asarray, unique), jnp.asarray(source)]
         meta = dict(n=n, temperature=temp, prompt_len=np.array([len(p) for p in prompts], np.int32),

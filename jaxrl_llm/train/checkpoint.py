@@ -15,6 +15,8 @@ from typing import Callable
 import jax
 import orbax.checkpoint as ocp
 
+from jaxrl_llm.parallel import hosts
+
 
 class CheckpointMismatchError(ValueError):
     pass
@@ -80,9 +82,11 @@ class Checkpointer:
             except CheckpointDamagedError as e:
                 aside = self.directory.with_name(self.directory.name + ".damaged") / str(step)
                 log(f"checkpoint {self.directory}/{step} is damaged: {e}; moved it to {aside} and trying an older one")
-                aside.parent.mkdir(parents=True, exist_ok=True)
-                shutil.rmtree(aside, ignore_errors=True)
-                shutil.move(str(self.directory / str(step)), str(aside))
+                if jax.process_index() == 0:  # one process moves it for all (a shared file system)
+                    aside.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.rmtree(aside, ignore_errors=True)
+                    shutil.move(str(self.directory / str(step)), str(aside))
+                hosts.barrier(f"damaged-checkpoint-{step}")
                 self.manager.reload()
                 damaged.append(step)
                 continue

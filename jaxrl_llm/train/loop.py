@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import yaml
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 from tqdm import tqdm
 
 from jaxrl_llm.config import Config
@@ -26,6 +27,7 @@ from jaxrl_llm.data.pipeline import prompt_batches
 from jaxrl_llm.data.tasks import load_sft_items, load_splits
 from jaxrl_llm.model.hf_io import export_hf_folder
 from jaxrl_llm.model.tokenizer import pad_id, stop_ids
+from jaxrl_llm.parallel import hosts
 from jaxrl_llm.parallel.memory_plan import check_run as check_run_memory
 from jaxrl_llm.parallel.mesh import make_mesh
 from jaxrl_llm.rewards.judge import Judge, judge_items, load_judge, sampler_generate
@@ -58,11 +60,18 @@ RESUME_EXIT_CODE = 75
 
 
 class _StopFlag:
-    """SIGTERM / SIGINT ask the loop to checkpoint after the current step and exit cleanly."""
+    """SIGTERM / SIGINT ask the loop to checkpoint after the current step and exit cleanly. A signal sets
+    `requested` at any moment; the loop reads `agreed`, which `sync()` sets between steps from every
+    process's request (one host's signal stops all hosts at the same step; with one process, a copy)."""
 
     def __init__(self):
         self.requested = False
+        self.agreed = False
         self._old = {}
+
+    def sync(self) -> bool:
+        self.agreed = hosts.any_process(self.requested)
+        return self.agreed
 
     def __enter__(self):
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -155,14 +164,13 @@ class Run:
         self.min_group = self.explorers.min_group_size(cfg.rollout.group_size)
         self.setup = Setup(num_items=len(self.train_items), prompts_per_step=cfg.rollout.prompts_per_step,
                            group_size=cfg.rollout.group_size, rows=self.rows, total_steps=cfg.train.steps,
-                           steps_per_epoch=max(1, len(self.train_items) // jax.process_count()
-                                               // cfg.rollout.prompts_per_step),
+                           steps_per_epoch=max(1, len(self.train_items) // cfg.rollout.prompts_per_step),
                            vocab_size=model_cfg.vocab_size, temperature=cfg.rollout.temperature,
                            item_difficulty=np.array([it.difficulty for it, _ in self.train_items], np.float32),
                            items=[it for it, _ in self.train_items], prompts=[ids for _, ids in self.train_items],
                            tokenizer=tok, max_new_tokens=cfg.rollout.max_new_tokens, mesh=self.mesh,
                            encode=lambda text: encode_text(tok, cfg, text))
-        explore_state = self.explorers.init(self.setup)
+        explore_state = self._global(self.explorers.init(self.setup))
         # explorers that add contexts (RRL's prompt + prefix) get one context length and count bucket for the
         # whole run in sampling and in the update, so their varying rows compile nothing after warm-up
         self.extra_contexts = self.explorers.extra_contexts()
@@ -202,6 +210,16 @@ class Run:
                                  async_save=cfg.train.async_checkpoint)
         self.sft_ckpt = Checkpointer(self.out_dir / "sft_checkpoints", keep=cfg.train.keep_checkpoints,
                                      async_save=cfg.train.async_checkpoint)
+
+    def _global(self, tree):
+        """Explorer state as arrays over the whole mesh on a multi-host run: every process holds the same
+        values (computed from the same global rollouts), and orbax saves global arrays; arrays already
+        laid out over the mesh (RRL's replay array) stay as they are. One process: unchanged."""
+        if hosts.count() == 1:
+            return tree
+        everywhere = NamedSharding(self.mesh, PartitionSpec())
+        return jax.tree.map(lambda x: x if isinstance(x, jax.Array) and not x.is_fully_addressable
+                            else hosts.put(np.asarray(x), everywhere), tree)
 
     # -- the train state in checkpoints -----------------------------------------------------------
     def _arrays_like(self, registry: dict) -> dict:
@@ -267,7 +285,7 @@ class Run:
         self._build_sft()
         rows, eos = cfg.sft.batch_size, self.tok.eos_token_id
         bar = tqdm(total=cfg.sft.steps, initial=st.sft_step, desc="sft", disable=jax.process_index() != 0)
-        while st.sft_step < cfg.sft.steps and not stop.requested:
+        while st.sft_step < cfg.sft.steps and not stop.sync():
             s = st.sft_step + 1
             rng = np.random.default_rng((st.seed, PHASE_SFT, s))  # step s draws the same rows after a resume
             pairs = [self.sft_items[i] for i in rng.choice(len(self.sft_items), rows, replace=False)]
@@ -303,7 +321,7 @@ class Run:
         temps = np.ones(rows, np.float32)
         temps[:n] = out.temperature
         lp = self._recompute_logp(rows)(self.state.params, tokens, temps)
-        return np.asarray(lp)[:n, :width]
+        return hosts.to_host(lp)[:n, :width]
 
     def sampling_params(self):
         """The policy as the sampler should see it: in the update's compute dtype, so old log-probs are
@@ -347,7 +365,7 @@ class Run:
         full = update_rows(rollouts)
         if cfg.algo.recompute_old_logp:
             mask = full.loss_mask
-            trainer_logp = np.asarray(self._recompute_logp(full.rows)(st.params, full.tokens, full.temperature)) * mask
+            trainer_logp = hosts.to_host(self._recompute_logp(full.rows)(st.params, full.tokens, full.temperature)) * mask
             metrics["logp_gap_sampler_recomputed"] = float(np.abs(trainer_logp - full.old_logp)[mask].mean()) \
                 if mask.any() else 0.0
             full = full.replace(old_logp=trainer_logp.astype(np.float32))
@@ -369,6 +387,7 @@ class Run:
         ups = jax.device_get(ups)
         t2 = time.perf_counter()
         st.explore, explore_metrics = self.explorers.observe(st.explore, rollouts, info)
+        st.explore = self._global(st.explore)
         first = ups[0]
         metrics.update({
             "loss": float(np.mean([u["loss"] for u in ups])),
@@ -384,8 +403,8 @@ class Run:
             # loss-bearing or padding
             "update_positions_per_s": float(positions / max(t2 - t1, 1e-9)),
             "time_update_s": t2 - t1, "time_step_s": time.perf_counter() - t0,
-            "compilations": compile_counter.compilations(), "reward_errors": pool.stats.errors,
-            "reward_timeouts": pool.stats.timeouts, "dropped_prompts": self.dropped_prompts,
+            "compilations": compile_counter.compilations(), "reward_errors": hosts.sum_int(pool.stats.errors),
+            "reward_timeouts": hosts.sum_int(pool.stats.timeouts), "dropped_prompts": self.dropped_prompts,
             **({"judge_parse_failures": self.judge.parse_failures} if self.judge is not None else {}),
             **explore_metrics,
         })
@@ -424,15 +443,15 @@ class Run:
             if st.stage == "start" and cfg.sft.steps > 0:
                 self._eval(writer, pool, "eval_before_sft", "before SFT")
                 st.stage = "sft"
-            if st.stage in ("start", "sft") and not stop.requested:
+            if st.stage in ("start", "sft") and not stop.sync():
                 if cfg.sft.steps > 0:
                     self.run_sft(writer, stop)
-                if not stop.requested:
+                if not stop.sync():
                     self.start_rl()
                     last_eval = self._eval(writer, pool, "eval", "step 0")
-                    saved = self.save(wait=stop.requested)  # SFT and the step-0 evaluation are not redone
+                    saved = self.save(wait=stop.agreed)  # SFT and the step-0 evaluation are not redone
             bar = tqdm(total=cfg.train.steps, initial=st.step, desc="train", disable=jax.process_index() != 0)
-            while st.stage == "rl" and st.step < cfg.train.steps and not stop.requested:
+            while st.stage == "rl" and st.step < cfg.train.steps and not stop.sync():
                 st.step += 1
                 m = self.rl_step(pool)
                 self._write(writer, st.step, m)
@@ -442,25 +461,34 @@ class Run:
                 bar.update(1)
                 if st.step % cfg.eval.every == 0 or st.step == cfg.train.steps:
                     last_eval = self._eval(writer, pool, "eval", f"step {st.step}")
-                if st.step % cfg.train.checkpoint_every == 0 or st.step == cfg.train.steps or stop.requested:
-                    saved = self.save(wait=stop.requested)
+                stopping = stop.sync()  # every process, every step: the collective runs in step with the others
+                if st.step % cfg.train.checkpoint_every == 0 or st.step == cfg.train.steps or stopping:
+                    saved = self.save(wait=stop.agreed)
             bar.close()
-            if stop.requested and st.stage != "rl":
+            if stop.sync() and st.stage != "rl":
                 saved = self.save(wait=True)
         self.ckpt.close()
         self.sft_ckpt.close()
         writer.close()
-        self.stopped = stop.requested
-        if stop.requested:
+        self.stopped = stop.agreed
+        if stop.agreed:
             self.log(f"stopped by signal; saved {saved}; run the same command again to resume "
                      f"(exit status {RESUME_EXIT_CODE})")
             return last_eval
         self._summary()
-        if cfg.train.export_final and jax.process_index() == 0:
-            model = nnx.merge(self.policy.graphdef, st.params)
-            export_hf_folder(model, self.out_dir / "final", tokenizer=self.tok)
-            self.log(f"exported the final policy to {self.out_dir / 'final'}")
+        if cfg.train.export_final:
+            self._export(self.out_dir / "final")
         return last_eval
+
+    def _export(self, final: Path) -> None:
+        """The policy as a Hugging Face folder, written by process 0 (every process takes part in gathering
+        parameters sharded over hosts)."""
+        params = self.state.params
+        if hosts.count() > 1:
+            params = jax.tree.map(lambda x: jnp.asarray(hosts.to_host(x)), params)
+        if jax.process_index() == 0:
+            export_hf_folder(nnx.merge(self.policy.graphdef, params), final, tokenizer=self.tok)
+            self.log(f"exported the final policy to {final}")
 
     def _already_complete(self) -> dict:
         self.ckpt.close()
@@ -469,9 +497,8 @@ class Run:
         self.log(f"{self.out_dir} is complete: {self.state.step} of train.steps={self.cfg.train.steps} RL steps done"
                  + (f"; final policy in {final}" if (final / "config.json").is_file() else "")
                  + "; raise train.steps to continue it, or use another train.out_dir")
-        if self.cfg.train.export_final and not (final / "config.json").is_file() and jax.process_index() == 0:
-            export_hf_folder(nnx.merge(self.policy.graphdef, self.state.params), final, tokenizer=self.tok)
-            self.log(f"exported the final policy to {final}")
+        if self.cfg.train.export_final and not (final / "config.json").is_file():
+            self._export(final)
         return {}
 
     def _summary(self) -> None:

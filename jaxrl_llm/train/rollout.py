@@ -18,6 +18,7 @@ import numpy as np
 from jaxrl_llm.config import Config
 from jaxrl_llm.data.tasks import TaskItem
 from jaxrl_llm.explore.rows import RowPlan, Rollouts
+from jaxrl_llm.parallel import hosts
 from jaxrl_llm.rewards.judge import Judge, aligned, judge_items
 from jaxrl_llm.rewards.pool import RewardPool
 from jaxrl_llm.rewards.rubrics import rubric_items, weighted_score
@@ -63,7 +64,7 @@ def score_rows(pool: RewardPool, cfg: Config, items: Sequence[TaskItem], texts: 
     pool checks the programmatic items; `judge` decides the 'judge' items (unmet without one)."""
     jobs = [(items[j].scorer, items[j].answer, items[j].entry_json, texts[i], cfg.data.answer_format)
             for i, j in enumerate(row_item)]
-    results = pool.map(jobs)
+    results = _map_over_hosts(pool, jobs)
     if judge is not None:
         results = _with_verdicts(judge, items, texts, row_item, results)
     rewards = np.array([r[0] if isinstance(r, tuple) else r for r in results], np.float32)
@@ -78,6 +79,25 @@ def score_rows(pool: RewardPool, cfg: Config, items: Sequence[TaskItem], texts: 
         if isinstance(r, tuple):
             met[i, :len(r[1])] = np.asarray(r[1], bool)
     return rewards, met
+
+
+def _map_over_hosts(pool: RewardPool, jobs: list) -> list:
+    """pool.map(jobs), each process of a multi-host run checking only its share of the rows in its own pool
+    and every process getting every result (rewards, and the items met where a scorer returns them)."""
+    if hosts.count() == 1:
+        return pool.map(jobs)
+    n, mine = len(jobs), hosts.share(len(jobs))
+    local = pool.map(jobs[mine])
+    k = hosts.max_int(max((len(r[1]) for r in local if isinstance(r, tuple)), default=0))
+    reward = np.array([r[0] if isinstance(r, tuple) else r for r in local], np.float64)
+    graded = np.array([isinstance(r, tuple) for r in local], bool)
+    met = np.full((len(local), k + 1), -1, np.int8)  # -1 past an item list's end
+    for i, r in enumerate(local):
+        if isinstance(r, tuple):
+            met[i, :len(r[1])] = r[1]
+    reward, graded, met = (hosts.gather_rows(x, n) for x in (reward, graded, met))
+    return [(float(reward[i]), [int(m) for m in met[i] if m >= 0]) if graded[i] else float(reward[i])
+            for i in range(n)]
 
 
 def _with_verdicts(judge: Judge, items, texts, row_item, results) -> list:
