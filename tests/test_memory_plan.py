@@ -17,7 +17,7 @@ from jaxrl_llm.parallel.memory_plan import MemoryPlanError, check, kv_cache_byte
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
-SCRATCH = ("model.scratch={hidden_size: 256, intermediate_size: 1024, num_layers: 4, num_heads: 4, num_kv_heads: 2, "
+SCRATCH = ("model.scratch={hidden_size: 256, intermediate_size: 1024, num_layers: 2, num_heads: 4, num_kv_heads: 2, "
            "head_dim: 64, max_position_embeddings: 256, tie_embeddings: true}")
 BASE = ["model.name=scratch", SCRATCH, "data.max_prompt_len=64", "rollout.prompts_per_step=4", "rollout.group_size=16",
         "rollout.max_new_tokens=64"]  # the mesh: every device found (conftest's 8 fake CPU devices; 1 in _MEASURE)
