@@ -235,6 +235,9 @@ class TrainSection:
     # that will not fit; device_memory_gib > 0 replaces the memory the devices report (e.g. to keep a reserve)
     memory_check: bool = True
     device_memory_gib: float = 0.0
+    # host maintenance / preemption notices (train/stop.py): "auto" watches the GCE metadata server's
+    # maintenance-event on TPU VMs, "" nothing, any other URL that URL; a notice saves and exits 75 like SIGTERM
+    maintenance_url: str = "auto"
 
 
 @dataclasses.dataclass(frozen=True)

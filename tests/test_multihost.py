@@ -88,7 +88,9 @@ def test_two_hosts_train_as_one_and_stop_and_resume_together(tmp_path):
     procs[1].send_signal(signal.SIGTERM)  # one host is told to stop: both must stop, at the same step
     (rc0, out0), (rc1, out1) = _finish(procs)
     assert (rc0, rc1) == (RESUME_EXIT_CODE, RESUME_EXIT_CODE), (out0[-3000:], out1[-3000:])
-    saved = [re.findall(r"stopped by signal; saved RL step (\d+) ", out) for out in (out0, out1)]
+    saved = [re.findall(r"stopped by ([^;]+); saved RL step (\d+) ", out) for out in (out0, out1)]
+    assert [s[0][0] if s else None for s in saved] == ["another process's stop request", "signal (SIGTERM)"], saved
+    saved = [[step for _, step in s] for s in saved]
     assert saved[0] == saved[1] and len(saved[0]) == 1 and 2 <= int(saved[0][0]) < STEPS, (saved, out0[-2000:])
 
     # restarted, the pair resumes from that step; then one process dies without warning (SIGKILL), the

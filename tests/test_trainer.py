@@ -122,9 +122,72 @@ def test_sigterm_during_rl_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     metrics = Path(cfg.train.out_dir) / "metrics.jsonl"
     out = _sigterm_after_row(tmp_path, cfg, '"kind": "train"')
     last = max(json.loads(ln)["step"] for ln in metrics.read_text().splitlines())
-    assert 1 <= last < 400 and f"stopped by signal; saved RL step {last} to " in out, out[-2000:]
+    assert 1 <= last < 400 and f"stopped by signal (SIGTERM); saved RL step {last} to " in out, out[-2000:]
     run = Run(cfg, log=lambda *a: None)
     assert run.try_resume() and run.state.step == last
+
+
+def _metadata_server(value: list, seen: list):
+    """A stand-in for the GCE metadata server's maintenance-event: answers value[0] to every GET and records
+    the request (path, Metadata-Flavor header)."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append((self.path, self.headers.get("Metadata-Flavor")))
+            body = value[0].encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_a_maintenance_event_saves_and_stops_like_sigterm(tmp_path):
+    """train.maintenance_url: NONE lets the run go on; once the server announces host maintenance, the run
+    saves after its current step and stops (exit 75 from the CLI), saying why; resume continues from there.
+    An unreachable URL is reported and never stops a run; "auto" watches GCE's metadata server on TPU only."""
+    import threading
+
+    from jaxrl_llm.train.stop import GCE_MAINTENANCE_URL, maintenance_url
+
+    assert maintenance_url("auto", "tpu") == GCE_MAINTENANCE_URL and maintenance_url("auto", "cpu") == ""
+    value, seen = ["NONE"], []
+    server = _metadata_server(value, seen)
+    url = f"http://127.0.0.1:{server.server_address[1]}/computeMetadata/v1/instance/maintenance-event"
+    cfg = _tiny_cfg(tmp_path, "train.steps=400", "train.checkpoint_every=1000", f"train.maintenance_url={url}")
+    metrics = Path(cfg.train.out_dir) / "metrics.jsonl"
+
+    def announce():
+        while not (metrics.exists() and '"step": 2, "kind": "train"' in metrics.read_text()):
+            time.sleep(0.02)
+        value[0] = "TERMINATE_ON_HOST_MAINTENANCE"
+
+    threading.Thread(target=announce, daemon=True).start()
+    logs = []
+    run = Run(cfg, log=logs.append)
+    run.train()
+    server.shutdown()
+    last = max(json.loads(ln)["step"] for ln in metrics.read_text().splitlines())
+    assert run.stopped and 2 <= last < 400, logs[-3:]
+    assert f"stopped by maintenance event TERMINATE_ON_HOST_MAINTENANCE; saved RL step {last} to " in logs[-1]
+    assert seen and all(p.startswith("/computeMetadata/v1/instance/maintenance-event?wait_for_change=true")
+                        and flavor == "Google" for p, flavor in seen), seen[:3]
+    again = Run(cfg, log=lambda *a: None)
+    assert again.try_resume() and again.state.step == last
+
+    logs = []
+    Run(_tiny_cfg(tmp_path / "b", "train.steps=2", "train.maintenance_url=http://127.0.0.1:9/nothing"),
+        log=logs.append).train()
+    assert any("maintenance events: cannot read http://127.0.0.1:9/nothing" in ln for ln in logs), logs
+    assert json.loads((tmp_path / "b" / "run" / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 2
 
 
 def test_sigterm_during_sft_saves_sft_progress_and_resume_does_not_redo_it(tmp_path):
@@ -133,7 +196,7 @@ def test_sigterm_during_sft_saves_sft_progress_and_resume_does_not_redo_it(tmp_p
     cfg = _tiny_cfg(tmp_path, "sft.steps=100000", "sft.batch_size=16", "train.steps=2")
     metrics = Path(cfg.train.out_dir) / "metrics.jsonl"
     out = _sigterm_after_row(tmp_path, cfg, '"kind": "sft"')
-    found = re.search(r"stopped by signal; saved SFT step (\d+)/100000 \(policy and SFT optimizer state\)", out)
+    found = re.search(r"stopped by signal \(SIGTERM\); saved SFT step (\d+)/100000 \(policy and SFT optimizer state\)", out)
     assert found, out[-2000:]
     reached = int(found.group(1))
     assert reached >= 10 and (Path(cfg.train.out_dir) / "sft_checkpoints" / str(reached)).is_dir()

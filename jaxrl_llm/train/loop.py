@@ -10,7 +10,6 @@ a resumed run draws the same prompts and samples as an uninterrupted one.
 
 from __future__ import annotations
 
-import signal
 import time
 from pathlib import Path
 
@@ -51,41 +50,10 @@ from jaxrl_llm.train.policy import build_policy, encode_items, encode_text
 from jaxrl_llm.train.rollout import plan_rows, rollout_metrics, sample_plan, score, update_rows, with_advantages
 from jaxrl_llm.train.sft import sft_batch
 from jaxrl_llm.train.state import TrainState
+from jaxrl_llm.train.stop import RESUME_EXIT_CODE, StopFlag, maintenance_url
 from jaxrl_llm.utils import compile_counter
 
 PHASE_ROLLOUT, PHASE_EVAL, PHASE_SFT, PHASE_MINIBATCH = 1, 2, 3, 4
-# exit status of `train` / `sft` stopped by SIGTERM / SIGINT (preemption) after saving its checkpoint: BSD's
-# EX_TEMPFAIL, "try again"; launch scripts (tools/launch_*.sh) rerun the same command on it to resume
-RESUME_EXIT_CODE = 75
-
-
-class _StopFlag:
-    """SIGTERM / SIGINT ask the loop to checkpoint after the current step and exit cleanly. A signal sets
-    `requested` at any moment; the loop reads `agreed`, which `sync()` sets between steps from every
-    process's request (one host's signal stops all hosts at the same step; with one process, a copy)."""
-
-    def __init__(self):
-        self.requested = False
-        self.agreed = False
-        self._old = {}
-
-    def sync(self) -> bool:
-        self.agreed = hosts.any_process(self.requested)
-        return self.agreed
-
-    def __enter__(self):
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        self.requested = True
-
-    def __exit__(self, *exc):
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-
-
 def rl_update_spec(cfg: Config, shared: bool | None = None) -> UpdateSpec:
     """The RL update's static spec for `cfg` (layout from rollout.shared_prefix unless `shared` says)."""
     a = cfg.algo
@@ -131,7 +99,7 @@ class Run:
 
     def __init__(self, cfg: Config, log=tqdm.write):
         self.cfg, self.log = cfg, log
-        self.stopped = False  # train() was stopped by a signal (it saved first)
+        self.stopped = False  # train() was stopped by a signal or a maintenance event (it saved first)
         self.out_dir = Path(cfg.train.out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.mesh = make_mesh({"data": cfg.mesh.data, "fsdp": cfg.mesh.fsdp, "tensor": cfg.mesh.tensor})
@@ -211,6 +179,9 @@ class Run:
         self.sft_ckpt = Checkpointer(self.out_dir / "sft_checkpoints", keep=cfg.train.keep_checkpoints,
                                      async_save=cfg.train.async_checkpoint)
 
+    def _maintenance_url(self) -> str:
+        return maintenance_url(self.cfg.train.maintenance_url, self.mesh.devices.flat[0].platform)
+
     def _global(self, tree):
         """Explorer state as arrays over the whole mesh on a multi-host run: every process holds the same
         values (computed from the same global rollouts), and orbax saves global arrays; arrays already
@@ -279,7 +250,7 @@ class Run:
         self.sft_update = make_update(self.policy.graphdef, spec, self.sft_opt, params,
                                       abstract_optimizer_state(self.sft_opt, params, self.mesh), self.mesh)
 
-    def run_sft(self, writer: MetricsWriter, stop: "_StopFlag") -> None:
+    def run_sft(self, writer: MetricsWriter, stop: StopFlag) -> None:
         """SFT steps from the current one on; returns early (the caller checkpoints) when a stop is asked."""
         cfg, st = self.cfg, self.state
         self._build_sft()
@@ -439,7 +410,7 @@ class Run:
         writer = MetricsWriter(self.out_dir, tensorboard=cfg.train.tensorboard, keep_rows=st.metrics_rows)
         last_eval: dict = {}
         saved = ""
-        with RewardPool(cfg.reward.workers, cfg.reward.timeout_s) as pool, _StopFlag() as stop:
+        with RewardPool(cfg.reward.workers, cfg.reward.timeout_s) as pool, StopFlag(self._maintenance_url(), self.log) as stop:
             if st.stage == "start" and cfg.sft.steps > 0:
                 self._eval(writer, pool, "eval_before_sft", "before SFT")
                 st.stage = "sft"
@@ -472,7 +443,7 @@ class Run:
         writer.close()
         self.stopped = stop.agreed
         if stop.agreed:
-            self.log(f"stopped by signal; saved {saved}; run the same command again to resume "
+            self.log(f"stopped by {stop.describe()}; saved {saved}; run the same command again to resume "
                      f"(exit status {RESUME_EXIT_CODE})")
             return last_eval
         self._summary()
