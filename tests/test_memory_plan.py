@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.config import load_config
-from jaxrl_llm.parallel.memory_plan import MemoryPlanError, check, kv_cache_bytes, plan
+from jaxrl_llm.parallel.memory_plan import MemoryPlanError, _size, check, kv_cache_bytes, plan
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
@@ -122,6 +122,22 @@ def test_a_config_that_cannot_fit_is_refused_with_settings_that_fit():
     fixed = check(load_config(None, BASE + [f"algo.micro_batch={suggested}", f"train.device_memory_gib={small}"]),
                   log=lambda m: None)
     assert fixed.fits
+
+
+def test_bench_memory_plan_prints_the_plan_for_a_machine_that_is_not_here(capsys):
+    """`jaxrl-llm bench memory --plan` with train.device_memory_gib: the trainer's plan and its verdict (how the
+    configs for larger machines are checked), exit 1 with the settings that would fit when it does not."""
+    from jaxrl_llm.bench.memory import main
+
+    args = BASE + ["algo.micro_batch=64"]
+    p = plan(load_config(None, args))
+    small = (p.peak + p.params) / 0.9 / 2 ** 30 / 1.5
+    assert main(["--plan", *args, "train.device_memory_gib=1000"]) == 0
+    out = capsys.readouterr().out
+    assert "1000.00 GiB each from train.device_memory_gib" in out and out.rstrip().endswith("fits")
+    assert f"peak            {_size(p.peak)}" in out
+    assert main(["--plan", *args, f"train.device_memory_gib={small}"]) == 1
+    assert "does not fit: algo.micro_batch=" in capsys.readouterr().out
 
 
 def test_fsdp_divides_the_state_and_is_suggested_when_it_fits():

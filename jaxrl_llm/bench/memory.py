@@ -31,6 +31,8 @@ MODEL_SHAPES = {
     "qwen2.5-0.5b": dict(_QWEN2, hidden_size=896, intermediate_size=4864, num_layers=24, num_heads=14, head_dim=64),
     "qwen2.5-1.5b": dict(_QWEN2, hidden_size=1536, intermediate_size=8960, num_layers=28, num_heads=12,
                          head_dim=128),
+    "qwen2.5-7b": dict(_QWEN2, hidden_size=3584, intermediate_size=18944, num_layers=28, num_heads=28,
+                       num_kv_heads=4, head_dim=128, vocab_size=152064, tie_embeddings=False),
 }
 
 _GIB = 1024 ** 3
@@ -255,6 +257,10 @@ def main(argv=None) -> int:
     p.add_argument("--devices", type=int, default=None,
                    help="devices in the mesh (default: the product of the config's mesh sizes, -1 counting 1)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.add_argument("--plan", action="store_true",
+                   help="print the trainer's whole memory plan per device (parallel/memory_plan.py) and whether it "
+                        "fits, for devices of train.device_memory_gib (set it for a machine that is not here, "
+                        "e.g. train.device_memory_gib=80 for an 80 GB GPU)")
     args = p.parse_args(argv)
 
     from jaxrl_llm.config import load_config
@@ -269,6 +275,14 @@ def main(argv=None) -> int:
             jax.config.update("jax_num_cpu_devices", max(need, jax.config.jax_num_cpu_devices))
         except RuntimeError:
             pass
+    if args.plan:
+        from jaxrl_llm.parallel.memory_plan import plan, suggestions
+
+        mp = plan(cfg, model_config(cfg, args.model_shape))
+        print(mp.report())
+        tips = [] if mp.fits else suggestions(mp, cfg)
+        print("fits" if mp.fits else "does not fit" + (": " + "; or ".join(tips) if tips else ""))
+        return 0 if mp.fits else 1
     r = update_memory(cfg, model_config(cfg, args.model_shape), devices=args.devices, platform=args.platform)
     print(json.dumps(r, indent=2) if args.json else report(r))
     return 0
