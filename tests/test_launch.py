@@ -1,6 +1,6 @@
 """Launch scripts (tools/launch_*.sh): their dry runs print the commands they would run on the machines;
 the resume loop restarts on exit 75 only; signals reach the trainer; jax.distributed start-up from the
-environment (jaxrl_llm/parallel/distributed.py), with two real processes on localhost."""
+environment (jaxrl_llm/parallel/distributed.py); two real processes training together: test_multihost.py."""
 
 from __future__ import annotations
 

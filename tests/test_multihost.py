@@ -48,6 +48,59 @@ def _spawn_pair(tmp_path, cfg) -> list[subprocess.Popen]:
     return procs
 
 
+_HOSTS_SCRIPT = r"""
+import sys
+import numpy as np
+from jaxrl_llm.parallel.distributed import initialize_from_env
+initialize_from_env()
+import jax
+from jax.sharding import NamedSharding, PartitionSpec as P
+from jaxrl_llm.parallel import hosts
+from jaxrl_llm.parallel.mesh import make_mesh
+
+i, out = hosts.index(), []
+# shares cover the rows once, in order; gather_rows puts every share back in place (uneven n too)
+for n in (0, 1, 5, 8):
+    mine = hosts.share(n)
+    local = np.arange(n)[mine] * 10 + 1
+    assert (hosts.gather_rows(local, n) == np.arange(n) * 10 + 1).all(), n
+assert hosts.sum_int(i + 1) == 3 and hosts.max_int(7 * i) == 7
+assert hosts.any_process(i == 1) and not hosts.any_process(False)
+# put: each process feeds its rows; the global array holds the global value, row-sharded and replicated
+mesh = make_mesh({"data": 8})
+x = np.arange(8 * 3, dtype=np.float32).reshape(8, 3)
+for spec in (P("data"), P()):
+    a = hosts.put(x, NamedSharding(mesh, spec))
+    assert a.shape == x.shape and not a.is_fully_addressable
+    assert (hosts.to_host(a) == x).all() and (hosts.to_host(a * 2) == 2 * x).all()
+    assert all((np.asarray(sh.data) == x[sh.index]).all() for sh in a.addressable_shards)
+hosts.check_same(hosts.digest(np.arange(3), [1, 2]), "a plan both hosts share")
+try:
+    hosts.check_same(hosts.digest(np.arange(3) + (i if sys.argv[1] == "differ" else 0)), "the test plan")
+except RuntimeError as e:
+    print("REFUSED:", e)
+else:
+    print("AGREED")
+"""
+
+
+def test_hosts_helpers_across_two_real_processes(tmp_path):
+    """parallel/hosts.py with two processes: row shares and their gathering, reductions, `put` feeding each
+    process's rows into one global array, and a disagreement on the row plan refused on both hosts."""
+    script = tmp_path / "hosts_check.py"
+    script.write_text(_HOSTS_SCRIPT)
+    for mode, want in (("differ", "REFUSED: the processes disagree on the test plan"), ("same", "AGREED")):
+        port, procs = _free_port(), []
+        for i in range(2):
+            env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu",
+                   "JAXRL_COORDINATOR_ADDRESS": f"localhost:{port}", "JAXRL_NUM_PROCESSES": "2",
+                   "JAXRL_PROCESS_ID": str(i)}
+            procs.append(subprocess.Popen([sys.executable, str(script), mode], cwd=ROOT, env=env, text=True,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        for rc, out in _finish(procs, timeout=120):
+            assert rc == 0 and want in out, out[-3000:]
+
+
 def _finish(procs, timeout=300) -> list[tuple[int, str]]:
     done = []
     for p in procs:

@@ -78,6 +78,29 @@ def any_process(flag: bool) -> bool:
     return bool(_allgather(np.array(bool(flag))).any())
 
 
+def digest(*arrays) -> int:
+    """A 63-bit fingerprint of host values (numpy arrays, nested tuples of ints)."""
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=8)
+    for a in arrays:
+        a = np.ascontiguousarray(np.asarray(a))
+        h.update(str((a.dtype.str, a.shape)).encode())
+        h.update(a.tobytes())
+    return int.from_bytes(h.digest(), "little") >> 1
+
+
+def check_same(fingerprint: int, what: str) -> None:
+    """Raise on every process if the processes' `fingerprint`s differ: decisions every host makes on its own
+    (the row plan) must agree, or the hosts would feed rows of different plans into one step."""
+    if count() == 1:
+        return
+    seen = _allgather(np.array(fingerprint, np.int64))
+    if len(set(seen.tolist())) > 1:
+        raise RuntimeError(f"the processes disagree on {what} (fingerprints by process: {seen.tolist()}); "
+                           f"every host must make the same decisions from the same global batch")
+
+
 def to_host(x) -> np.ndarray:
     """The global value of a device array as numpy, on every process: arrays whose shards all live in
     this process (or are replicated) are read directly; row-sharded arrays of a multi-host mesh gather

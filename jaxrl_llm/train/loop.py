@@ -307,6 +307,10 @@ class Run:
         items, prompts = self.setup.items, self.setup.prompts
         info = {name: StepInfo(st.step, prompt_ids, self.key(KEY_PHASE[name], st.step)) for name in self.explorers.names}
         plan = self.explorers.plan(st.explore, plan_rows(cfg, prompt_ids, self.key(PHASE_ROLLOUT, st.step)), info)
+        if hosts.count() > 1:  # explorer state is the same on every host by construction; this checks it each step
+            hosts.check_same(hosts.digest(plan.prompt, plan.group, plan.temperature, plan.row_keys,
+                                          [len(x) for x in plan.prefix], np.concatenate([(), *plan.prefix])),
+                             f"the row plan of step {st.step}")
         params = self.sampling_params()
         t0 = time.perf_counter()
         out = sample_plan(self.sampler, params, cfg, prompts, plan)
