@@ -421,7 +421,8 @@ def plot_curves(spec: Spec, runs: list[RunData], path: Path) -> None:
         ax.set_title(title)
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)
-        ax.legend(loc="best", fontsize=8)
+        if ax.get_legend_handles_labels()[0]:  # a panel no finished run has rows for stays empty
+            ax.legend(loc="best", fontsize=8)
     fig.suptitle(f"{spec.path}: mean over seeds, band min..max")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
