@@ -7,6 +7,7 @@ import io
 import json
 import math
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -378,3 +379,55 @@ def test_archived_records_carry_a_grid_over_to_a_fresh_checkout(tmp_path, monkey
     assert "Missing" not in (kept / "results.md").read_text()
     runs, missing = ablate.collect(spec)
     assert missing == [] and sorted((r.arm, r.seed) for r in runs) == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
+
+
+@pytest.mark.parametrize("text, error", [
+    ("prepare: {creates: x, run: y}\n", r"'prepare' must be a list"),
+    ("prepare: [{creates: x}]\n", r"'prepare' item 1 must have exactly the keys 'creates' and 'run'"),
+    ("prepare: [{creates: x, run: ''}]\n", r"'prepare' item 1: 'run' must be a command line"),
+    ("prepare: [{creates: x, run: \"a 'b\"}]\n", r"'prepare' item 1: 'run' is not a command line"),
+])
+def test_prepare_errors_name_the_item(tmp_path, text, error):
+    with pytest.raises(ablate.SpecError, match=error):
+        ablate.load_spec(_write_spec(tmp_path, "base: BASE\nseeds: [0]\nout_dir: OUT\narms: {a: []}\n" + text))
+
+
+def test_prepare_runs_once_before_the_first_run_and_a_failure_stops_the_grid(tmp_path, monkeypatch, capsys):
+    made, count = tmp_path / "warm" / "model.txt", tmp_path / "count.txt"
+    script = tmp_path / "prep.py"
+    script.write_text("import pathlib, sys\n"
+                      f"c = pathlib.Path({str(count)!r}); c.write_text(str(int(c.read_text() or 0) + 1) if c.exists() else '1')\n"
+                      "if sys.argv[1] == 'fail': print('prep broke'); sys.exit(4)\n"
+                      f"pathlib.Path({str(made)!r}).parent.mkdir(exist_ok=True)\n"
+                      f"pathlib.Path({str(made)!r}).write_text('w')\n")
+    spec_text = ("base: BASE\nseeds: [0]\nout_dir: OUT\narms: {a: [], b: []}\n"
+                 f"prepare:\n  - creates: {made}\n    run: {sys.executable} {script} MODE\n")
+    launched = []
+
+    def fake_launch(spec, arm, seed):
+        assert made.is_file(), "a run started before its prepare command made its input"
+        launched.append((arm, seed))
+        return _FakeTrainer(spec.run_dir(arm, seed), 2, 2, 0)
+
+    monkeypatch.setattr(ablate, "_launch", fake_launch)
+    path = _write_spec(tmp_path, spec_text.replace("MODE", "fail"))
+    assert ablate.main([str(path), "--dry-run"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == f"# prepare (missing: {made}): {sys.executable} {script} fail"
+    assert ablate.main([str(path)]) == 1
+    err = capsys.readouterr().err
+    assert f"prepare command {sys.executable} {script} fail: exit code 4" in err and "prep broke" in err
+    assert launched == [] and count.read_text() == "1"
+
+    path = _write_spec(tmp_path, spec_text.replace("MODE", "ok"))
+    assert ablate.main([str(path)]) == 0
+    assert launched == [("a", 0), ("b", 0)] and count.read_text() == "2" and made.read_text() == "w"
+    shutil.rmtree(tmp_path / "out" / "b")  # one run to redo: the prepared input exists, so it is not made again
+    assert ablate.main([str(path)]) == 0
+    assert launched == [("a", 0), ("b", 0), ("b", 0)] and count.read_text() == "2"
+
+
+def test_prepare_names_jaxrl_llm_as_this_interpreters_trainer(tmp_path):
+    spec = ablate.load_spec(_write_spec(tmp_path, "base: BASE\nseeds: [0]\nout_dir: OUT\narms: {a: []}\n"
+                                        "prepare: [{creates: w/config.json, run: jaxrl-llm sft --config c.yaml a.b=1}]\n"))
+    assert spec.prepare == ((Path("w/config.json"), (sys.executable, "-m", "jaxrl_llm.cli", "sft", "--config",
+                                                     "c.yaml", "a.b=1")),)

@@ -26,6 +26,14 @@ With `archive`, every finished run's record (config.yaml, metrics.jsonl, ablatio
 kB, no checkpoints) is copied to <archive>/runs/<arm>/seed<S> and the report to <archive>. A run whose
 record is there counts as finished even where out_dir is gone, so a grid longer than one machine's life
 continues on a fresh checkout: commit the archive, rerun the same command.
+
+`prepare` lists commands that make what the runs start from (e.g. one shared SFT warm start that
+every arm loads through model.name), each run once, before the first run, only while the path it
+`creates` is missing; output goes to <out_dir>/prepare.log and a signal reaches it like a run:
+
+    prepare:
+      - creates: runs/example_sft/final/config.json
+        run: jaxrl-llm sft --config configs/example.yaml train.out_dir=runs/example_sft
 """
 
 from __future__ import annotations
@@ -49,7 +57,7 @@ from pathlib import Path
 
 import yaml
 
-SPEC_KEYS = ("base", "overrides", "seeds", "out_dir", "arms", "archive")
+SPEC_KEYS = ("base", "overrides", "seeds", "out_dir", "arms", "archive", "prepare")
 HARNESS_KEYS = ("train.seed", "train.out_dir")  # set per run by the harness, never by a spec
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 DONE, LOG = "ablation_done.json", "train.log"
@@ -82,6 +90,7 @@ class Spec:
     out_dir: Path
     arms: dict[str, tuple[str, ...]]
     archive: Path | None = None
+    prepare: tuple[tuple[Path, tuple[str, ...]], ...] = ()  # (path it creates, command) in order
 
     def run_dir(self, arm: str, seed: int) -> Path:
         return self.out_dir / arm / f"seed{seed}"
@@ -167,7 +176,31 @@ def load_spec(path: str | Path) -> Spec:
     if archive is not None and (not isinstance(archive, str) or not archive):
         fail(f"'archive' must be a folder path, got {archive!r}")
     return Spec(path, base, _override_list(raw.get("overrides"), "overrides", fail), tuple(seeds), Path(out_dir),
-                checked, None if archive is None else Path(archive))
+                checked, None if archive is None else Path(archive), _prepare_steps(raw.get("prepare"), fail))
+
+
+def _prepare_steps(value, fail) -> tuple[tuple[Path, tuple[str, ...]], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        fail(f"'prepare' must be a list of {{creates: PATH, run: COMMAND}}, got {value!r}")
+    steps = []
+    for i, item in enumerate(value):
+        where = f"'prepare' item {i + 1}"
+        if not isinstance(item, dict) or set(item) != {"creates", "run"}:
+            fail(f"{where} must have exactly the keys 'creates' and 'run', got {item!r}")
+        if not isinstance(item["creates"], str) or not item["creates"]:
+            fail(f"{where}: 'creates' must be a path, got {item['creates']!r}")
+        try:
+            argv = shlex.split(item["run"]) if isinstance(item["run"], str) else []
+        except ValueError as e:
+            fail(f"{where}: 'run' is not a command line ({e})")
+        if not argv:
+            fail(f"{where}: 'run' must be a command line, got {item['run']!r}")
+        if argv[0] == "jaxrl-llm":  # this interpreter's trainer, whether or not a venv's bin is on PATH
+            argv = [sys.executable, "-m", "jaxrl_llm.cli", *argv[1:]]
+        steps.append((Path(item["creates"]), tuple(argv)))
+    return tuple(steps)
 
 
 def check_configs(spec: Spec, arms) -> None:
@@ -478,6 +511,40 @@ def _launch(spec: Spec, arm: str, seed: int) -> subprocess.Popen:
                                 env={**os.environ, **OFFLINE_ENV})
 
 
+def run_prepare(spec: Spec) -> tuple[str | None, int | None]:
+    """Run the spec's prepare commands whose path is missing, in order. Returns (what failed, signal)."""
+    log_path = spec.out_dir / "prepare.log"
+    for creates, argv in spec.prepare:
+        if creates.exists():
+            continue
+        spec.out_dir.mkdir(parents=True, exist_ok=True)
+        with log_path.open("a") as log:
+            log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} tools/ablate.py prepare: {shlex.join(argv)}\n")
+            log.flush()
+            print(f"prepare: {shlex.join(argv)} (log: {log_path})", file=sys.stderr)
+            proc = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env={**os.environ, **OFFLINE_ENV})
+        stopped: list[int] = []
+
+        def forward(signum, frame):
+            stopped.append(signum)
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+
+        old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            rc = proc.wait()
+        finally:
+            for s, handler in old.items():
+                signal.signal(s, handler)
+        if stopped:
+            return None, stopped[0]
+        if rc != 0 or not creates.exists():
+            why = f"exit code {rc}" if rc != 0 else f"it exited 0 but did not create {creates}"
+            return f"prepare command {shlex.join(argv)}: {why}; last lines of {log_path}:\n{log_tail(log_path)}", None
+    return None, None
+
+
 def run_grid(spec: Spec, todo: list[tuple[str, int]], parallel: int = 1, already: int = 0) -> tuple[list, int | None]:
     """Train the (arm, seed) runs of `todo`, `parallel` at a time; the progress bar also counts the
     `already` finished runs of the grid. Returns the failures as (arm, seed, why) and the signal that
@@ -573,11 +640,20 @@ def main(argv=None) -> int:
         for arm, seed in grid:
             d = spec.run_dir(arm, seed)
             if (arm, seed) in todo:
+                for creates, argv in spec.prepare if (arm, seed) == todo[0] else ():
+                    print(f"# prepare ({'exists' if creates.exists() else 'missing'}: {creates}): {shlex.join(argv)}")
                 print(f"{env} {shlex.join(spec.command(arm, seed))} >> {shlex.quote(str(d / LOG))} 2>&1")
             else:
                 print(f"# done: {arm} seed {seed} ({spec.record(arm, seed) / DONE})")
         return 0
     print(f"{len(grid) - len(todo)} of {len(grid)} runs already finished; {len(todo)} to run", file=sys.stderr)
+    problem, stopped = run_prepare(spec) if todo else (None, None)
+    if problem is not None:
+        print(f"ablate: error: {problem}", file=sys.stderr)
+        return 1
+    if stopped is not None:
+        print(f"stopped by signal {stopped} while preparing; run the same command to resume.", file=sys.stderr)
+        return 128 + stopped
     failed, stopped = run_grid(spec, todo, args.parallel, already=len(grid) - len(todo))
     if stopped is not None:
         print(f"stopped by signal {stopped}; the running trainer checkpointed. Run the same command to resume.",
