@@ -172,6 +172,10 @@ class RRLSection:
     prefixes_per_response: int = 2  # cuts kept per response, spread over its boundaries (a short and a long one)
     unsolved_below: float = 0.5  # a prompt whose fresh group succeeds less often than this is unsolved
     reference_prefixes: bool = False  # also cut the data set's reference solutions of unsolved prompts
+    # a state's prior: "response" = the reward of the response it was cut from (ALGORITHMS.md §3); "steps" =
+    # the prefix's own partial credit against the item's line-by-line reference solution (data.worked):
+    # m / L when its m complete lines are the reference's first m of L, else 0
+    prior: str = "response"
     replay_ratio: float = 0.25  # share of the rollout slots replayed, times the batch's unsolved share
     warmup_steps: int = 2  # steps that only collect states
     continuations: int = 4  # rows sampled from each replayed state (one advantage group)
@@ -266,6 +270,7 @@ CHOICES = {
     "data.overlong": ("drop", "truncate"),
     "data.worked": ("", "steps"),
     "explore.rrl.boundary": ("line", "sentence", "tokens"),
+    "explore.rrl.prior": ("response", "steps"),
     "explore.herl.train_on": ("original", "revise_prompt"),
     "algo.advantage": ESTIMATORS,
     "algo.loss_agg": AGGREGATIONS,

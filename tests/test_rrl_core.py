@@ -235,3 +235,44 @@ def test_reference_prefixes_of_unsolved_prompts_enter_with_prior_one():
     # (every 2, shorter than the reference, at most 5), the shortest and the longest kept, prior 1
     assert got == {(p, tuple(ids[:n]), 1.0) for p in (0, 3) for n in (2, 4)}
     assert m["rrl_inserted"] == 4
+
+
+class _StepTok:
+    """Characters <-> ids for worked-solution text: '0'..'9', '+', '-', '=', '\\n', ' '; other ids decode to ''."""
+    CHARS = "0123456789+-=\n "
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [self.CHARS.index(ch) + 1 for ch in text]}
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(self.CHARS[i - 1] if 1 <= i <= len(self.CHARS) else "" for i in ids)
+
+
+def test_step_prior_scores_each_prefix_by_the_reference_lines_it_has_right():
+    from jaxrl_llm.data.tasks import TaskItem
+
+    tok = _StepTok()
+    ref = "1+2=3\n3+4=7\n7-1=6"
+    items = [TaskItem(uid=str(i), question="q", answer="6", scorer="exact", reference=ref) for i in range(6)]
+    cfg = RRLSection(enabled=True, boundary="line", replay_ratio=0.5, continuations=4, warmup_steps=5, capacity=256,
+                     max_prefix_tokens=18, prefixes_per_response=3, prior="steps")
+    rrl = RRL(cfg)
+    state = rrl.init(_setup(items=items, tokenizer=tok, max_new_tokens=20))
+    info = StepInfo(step=1, prompt_ids=np.array([0, 1, 2, 3]), key=jax.random.key(1))
+    plan = rrl.plan(state, RowPlan.groups([8] * 4, 1.0, jax.random.key(0), prompt_ids=[0, 1, 2, 3]), info)
+    texts = ["1+2=3\n3+4=7\n7-1=5", "1 + 2 = 3\n3+4=8\n8-1=7", "1+2=4\n4+4=8\n8-1=7", "1+2=3\n\n3+4=7\n7-1=9"]
+    responses = [tuple(tok(texts[i % 4])["input_ids"]) for i in range(32)]
+    new, m = rrl.observe(state, _rollouts(plan, responses, np.zeros(32, np.float32), np.zeros(32, bool)), info)
+    r = jax.device_get(new.replay)
+    got = {tok.decode(r.tokens[i, :r.length[i]].tolist()): float(r.prior[i]) for i in np.flatnonzero(r.length > 0)}
+    # brute force: every line cut (after each newline, shorter than the response, at most 18 tokens), its prior
+    # the share of the 3 reference lines right so far, 0 after a wrong line; spaces and blank lines ignored
+    want = {"1+2=3\n": 1 / 3, "1+2=3\n3+4=7\n": 2 / 3, "1 + 2 = 3\n": 1 / 3, "1 + 2 = 3\n3+4=8\n": 0.0,
+            "1+2=4\n": 0.0, "1+2=4\n4+4=8\n": 0.0, "1+2=3\n\n": 1 / 3, "1+2=3\n\n3+4=7\n": 2 / 3}
+    assert got == pytest.approx(want, abs=1e-6)
+    assert rrl.step_prior(0, tok(ref + "\n")["input_ids"]) == 1.0  # every line right: the whole solution
+    assert rrl.step_prior(0, tok("1+2=3\n3+")["input_ids"]) == pytest.approx(1 / 3)  # a partial line is not judged
+
+    no_ref = [dataclasses.replace(it, reference="") if i == 4 else it for i, it in enumerate(items)]
+    with pytest.raises(ValueError, match=r"prior=steps needs a reference solution .* item 4 \(uid 4\)"):
+        RRL(cfg).init(_setup(items=no_ref, tokenizer=tok, max_new_tokens=20))

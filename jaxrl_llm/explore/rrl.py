@@ -15,7 +15,9 @@ the success of the prompt's last fresh group, how it was first solved). Each ste
              prompts whose fresh group reached `unsolved_below` are dropped (and stale ones, with
              `max_age`); every response of a still-unsolved prompt (fresh or continued) is cut at
              step boundaries (explore/cuts.py), `prefixes_per_response` cuts kept, prior = its reward
-             as scored (partial credit when on); optionally the reference solution too (prior 1).
+             as scored (partial credit when on), or with prior=steps the prefix's own share of the
+             reference solution's lines it has right (0 once a line is wrong); optionally the
+             reference solution too (prior 1, or its share with prior=steps).
 
 Shapes are fixed for the run (states drawn: always k_max, candidates: N x prefixes per response),
 and the trainer pads contexts to one length and count bucket, so nothing compiles after warm-up.
@@ -49,6 +51,11 @@ class RRLState:
     fresh_count: jax.Array  # [P] float32 fresh rollouts so far
     last_success: jax.Array  # [P] float32 success rate of the prompt's last fresh group; -1: never sampled
     first_solved: jax.Array  # [P] int32 NEVER, BY_FRESH or BY_REPLAY (a continuation of a replayed state)
+
+
+def _lines(text: str) -> list[str]:
+    """Non-blank lines of `text` with spaces removed (how prefixes and reference solutions are compared)."""
+    return [ln.replace(" ", "") for ln in text.splitlines() if ln.strip()]
 
 
 def solved(rewards) -> np.ndarray:
@@ -104,6 +111,15 @@ class RRL(Explorer):
         if c.reference_prefixes:
             self.references = [np.asarray(setup.tokenizer(it.reference, add_special_tokens=False)["input_ids"]
                                           if it.reference else [], np.int32) for it in setup.items]
+        self.ref_lines: list[list[str]] = []
+        if c.prior == "steps":
+            if setup.tokenizer is None:
+                raise ValueError("explore.rrl.prior=steps needs the run's tokenizer")
+            for i, it in enumerate(setup.items):
+                if not (it.reference or "").strip():
+                    raise ValueError(f"explore.rrl.prior=steps needs a reference solution for every training item "
+                                     f"(data.worked, or the data's reference field); item {i} (uid {it.uid}) has none")
+            self.ref_lines = [_lines(it.reference) for it in setup.items]
         self.num_candidates = (setup.rows + (setup.prompts_per_step if c.reference_prefixes else 0)) \
             * c.prefixes_per_response
         shardings = state_shardings(setup.mesh, c.capacity) if setup.mesh is not None else None
@@ -168,7 +184,8 @@ class RRL(Explorer):
             cuts = cut_lengths(response, self.table, c.boundary, c.every_tokens, t)
             for cut in spread(cuts, c.prefixes_per_response):
                 tokens[j, :cut] = response[:cut]
-                length[j], prompt[j], prior[j], valid[j] = cut, item, p, True
+                length[j], prompt[j], valid[j] = cut, item, True
+                prior[j] = p if c.prior == "response" else self.step_prior(item, response[:cut])
                 j += 1
 
         stop = out.context_len + out.num_generated
@@ -181,6 +198,13 @@ class RRL(Explorer):
             if len(self.references[item]):
                 add(int(item), self.references[item], 1.0)
         return tokens, length, prompt, prior, valid
+
+    def step_prior(self, item: int, prefix) -> float:
+        """prior=steps: m / L when the prefix's m complete lines (spaces ignored, blank lines skipped) are the
+        first m of the item's L reference lines, else 0 (a prefix with a wrong line is not worth continuing)."""
+        text = self.setup.tokenizer.decode([int(t) for t in prefix], skip_special_tokens=True)
+        done, ref = _lines(text.rsplit("\n", 1)[0] if "\n" in text else ""), self.ref_lines[item]
+        return len(done) / len(ref) if len(done) <= len(ref) and done == ref[:len(done)] else 0.0
 
     def observe(self, state: RRLState, rollouts: Rollouts, info: StepInfo) -> tuple[RRLState, dict]:
         c, plan = self.cfg, rollouts.plan
