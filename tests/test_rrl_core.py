@@ -276,3 +276,29 @@ def test_step_prior_scores_each_prefix_by_the_reference_lines_it_has_right():
     no_ref = [dataclasses.replace(it, reference="") if i == 4 else it for i, it in enumerate(items)]
     with pytest.raises(ValueError, match=r"prior=steps needs a reference solution .* item 4 \(uid 4\)"):
         RRL(cfg).init(_setup(items=no_ref, tokenizer=tok, max_new_tokens=20))
+
+
+def test_min_group_size_bounds_every_group_replay_can_cut_brute_force():
+    """The bound the update's shared layout is sized by: no group freeing cuts (any starting sizes, as E3's
+    budgets make, any number of rows up to k_max x continuations) ends below it, nor does a continuation
+    group; and it is tighter than the old bound of 2 where replay frees few rows."""
+    rng = np.random.default_rng(0)
+    seen_tighter = 0
+    for _ in range(300):
+        b, n, c = int(rng.integers(2, 9)), int(rng.integers(2, 13)), int(rng.integers(1, 7))
+        cfg = RRLSection(enabled=True, boundary="tokens", every_tokens=1, continuations=c,
+                         replay_ratio=float(rng.uniform(0.05, 0.9)), capacity=16, max_prefix_tokens=4)
+        rrl = RRL(cfg)
+        assert rrl.min_group_size() == min(2, c)  # before init: the loosest bound
+        rrl.init(_setup(prompts_per_step=b, group_size=n, rows=b * n))
+        bound = rrl.min_group_size()
+        seen_tighter += bound > min(2, c)
+        assert rrl.k_max == 0 or c >= bound
+        for _ in range(5):
+            cuts = np.sort(rng.choice(np.arange(1, b * n), size=b - 1, replace=False))  # b sizes >= 1 summing to N
+            sizes = np.diff(np.concatenate([[0], cuts, [b * n]]))
+            group = np.repeat(np.arange(b), sizes)
+            freed = free_slots(group, int(rng.integers(0, rrl.k_max * c + 1)))
+            left = sizes - np.bincount(group[freed], minlength=b)
+            assert (left[left < sizes] >= bound).all(), (b, n, c, rrl.k_max, sizes, left, bound)
+    assert seen_tighter > 80  # 97 of these 300 draws

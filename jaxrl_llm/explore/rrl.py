@@ -90,7 +90,17 @@ class RRL(Explorer):
         self._pending: dict | None = None
 
     def min_group_size(self) -> int | None:
-        return min(MIN_FRESH_GROUP, self.cfg.continuations)
+        """Continuation groups have `continuations` rows. Fresh groups lose at most F = k_max x continuations
+        rows in all, one at a time from the largest: a group last cut at size s + 1 was the largest then, so
+        every group ends at most s + 1 and N - F <= B (s + 1): no cut group ends below ceil((N - F) / B) - 1
+        (nor below MIN_FRESH_GROUP). Before init, the loosest bound. The update's shared layout holds
+        micro-batch rows / this many contexts, so a tight bound is a smaller update."""
+        c = self.cfg
+        if getattr(self, "setup", None) is None:
+            return min(MIN_FRESH_GROUP, c.continuations)
+        rows, prompts = self.setup.rows, self.setup.prompts_per_step
+        cut_floor = -(-(rows - self.k_max * c.continuations) // prompts) - 1
+        return min(c.continuations, max(MIN_FRESH_GROUP, cut_floor))
 
     def extra_contexts(self) -> int:
         return self.k_max

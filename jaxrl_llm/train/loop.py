@@ -129,7 +129,6 @@ class Run:
         self._cast_for_sampling = jax.jit(lambda p: cast_floats(p, self.sample_dtype))
         self.data = prompt_batches(len(self.train_items), cfg.rollout.prompts_per_step, cfg.data.seed)
         self.explorers = Explorers(build_explorers(cfg))
-        self.min_group = self.explorers.min_group_size(cfg.rollout.group_size)
         self.setup = Setup(num_items=len(self.train_items), prompts_per_step=cfg.rollout.prompts_per_step,
                            group_size=cfg.rollout.group_size, rows=self.rows, total_steps=cfg.train.steps,
                            steps_per_epoch=max(1, len(self.train_items) // cfg.rollout.prompts_per_step),
@@ -139,6 +138,7 @@ class Run:
                            tokenizer=tok, max_new_tokens=cfg.rollout.max_new_tokens, mesh=self.mesh,
                            encode=lambda text: encode_text(tok, cfg, text))
         explore_state = self._global(self.explorers.init(self.setup))
+        self.min_group = self.explorers.min_group_size(cfg.rollout.group_size)  # after init: sized by the run
         # explorers that add contexts (RRL's prompt + prefix) get one context length and count bucket for the
         # whole run in sampling and in the update, so their varying rows compile nothing after warm-up
         self.extra_contexts = self.explorers.extra_contexts()
