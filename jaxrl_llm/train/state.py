@@ -51,9 +51,11 @@ class TrainState:
         return arrays, registry
 
     def joined(self, arrays: dict, registry: dict) -> "TrainState":
-        """This state with the saved fields put back (array fields not saved become None / empty)."""
+        """This state with the saved fields put back (array fields not saved become None). Explorer state
+        without arrays (HeRL's: {"herl": {}}) is never saved, so this state's, freshly initialised by the
+        run's explorers, stays: dropping it lost the explorers' names and a resumed HeRL run failed."""
         kw = {f.name: registry[f.name] for f in dataclasses.fields(self) if not f.metadata.get("arrays")
               and f.name in registry}
         for name in self.array_fields():
-            kw[name] = arrays.get(name, {} if name == "explore" else None)
+            kw[name] = arrays.get(name, self.explore if name == "explore" else None)
         return dataclasses.replace(self, **kw)
