@@ -220,3 +220,7 @@ def test_herl_in_the_trainer_keeps_revisions_and_compiles_nothing_after_warmup(t
     assert fails[0] >= 32 and all(b - a >= 32 for a, b in zip(fails, fails[1:])), fails
     counts = _compilations(cfg.train.out_dir)
     assert counts[1:] == [counts[1]] * (len(counts) - 1), counts
+    # a resumed HeRL-only run (its explorer state has no arrays, so none is saved) carries on revising
+    Run(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=6)), log=lambda *a: None).train()
+    got = _train_rows(cfg.train.out_dir)
+    assert sorted(got) == [1, 2, 3, 4, 5, 6] and got[6]["herl_revisions"] == got[6]["herl_candidates"] >= 1
