@@ -39,6 +39,7 @@ every arm loads through model.name), each run once, before the first run, only w
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import difflib
 import io
@@ -500,15 +501,39 @@ def log_tail(path: Path, lines: int = 15) -> str:
     return "\n".join("    " + ln.split("\r")[-1] for ln in text.rstrip().splitlines()[-lines:])
 
 
+def _start(cmd, log_path: Path, label: str = "") -> subprocess.Popen:
+    """Start `cmd` offline with its output appended to `log_path` after a header naming it."""
+    with log_path.open("a") as log:
+        log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} tools/ablate.py{label}: {shlex.join(cmd)}\n")
+        log.flush()
+        return subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**os.environ, **OFFLINE_ENV})
+
+
+@contextlib.contextmanager
+def _forwarding(live):
+    """While inside, SIGINT / SIGTERM are passed on as SIGTERM to the processes `live()` returns (a trainer
+    checkpoints after its current step and exits); yields the list of signals received."""
+    stopped: list[int] = []
+
+    def forward(signum, frame):
+        stopped.append(signum)
+        for proc in live():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stopped
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
 def _launch(spec: Spec, arm: str, seed: int) -> subprocess.Popen:
     run_dir = spec.run_dir(arm, seed)
     run_dir.mkdir(parents=True, exist_ok=True)
-    cmd = spec.command(arm, seed)
-    with (run_dir / LOG).open("a") as log:
-        log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} tools/ablate.py: {shlex.join(cmd)}\n")
-        log.flush()
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, **OFFLINE_ENV})
+    return _start(spec.command(arm, seed), run_dir / LOG)
 
 
 def run_prepare(spec: Spec) -> tuple[str | None, int | None]:
@@ -518,25 +543,10 @@ def run_prepare(spec: Spec) -> tuple[str | None, int | None]:
         if creates.exists():
             continue
         spec.out_dir.mkdir(parents=True, exist_ok=True)
-        with log_path.open("a") as log:
-            log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} tools/ablate.py prepare: {shlex.join(argv)}\n")
-            log.flush()
-            print(f"prepare: {shlex.join(argv)} (log: {log_path})", file=sys.stderr)
-            proc = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env={**os.environ, **OFFLINE_ENV})
-        stopped: list[int] = []
-
-        def forward(signum, frame):
-            stopped.append(signum)
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-
-        old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
+        print(f"prepare: {shlex.join(argv)} (log: {log_path})", file=sys.stderr)
+        proc = _start(argv, log_path, " prepare")
+        with _forwarding(lambda: [proc]) as stopped:
             rc = proc.wait()
-        finally:
-            for s, handler in old.items():
-                signal.signal(s, handler)
         if stopped:
             return None, stopped[0]
         if rc != 0 or not creates.exists():
@@ -552,47 +562,37 @@ def run_grid(spec: Spec, todo: list[tuple[str, int]], parallel: int = 1, already
     from tqdm import tqdm
 
     pending, running, failed = list(todo), {}, []
-    stopped: list[int] = []
-
-    def forward(signum, frame):
-        stopped.append(signum)
-        for proc in running.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)  # the trainer checkpoints after its current step and exits
-
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     bar = tqdm(total=len(todo) + already, initial=already, desc="ablation", unit="run")
-    try:
-        while running or (pending and not stopped):
-            while pending and not stopped and len(running) < parallel:
-                arm, seed = pending.pop(0)
-                running[arm, seed] = _launch(spec, arm, seed)
-                bar.set_description(", ".join(f"{a}/seed{s}" for a, s in running))
-            time.sleep(0.2)
-            for (arm, seed), proc in list(running.items()):
-                rc = proc.poll()
-                if rc is None:
-                    continue
-                del running[arm, seed]
-                run_dir = spec.run_dir(arm, seed)
-                why = f"exit code {rc}" if rc != 0 else final_eval_problem(run_dir)
-                if why is None:
-                    (run_dir / DONE).write_text(json.dumps(
-                        {"arm": arm, "seed": seed, "steps": run_steps(run_dir), "exit_code": rc,
-                         "command": spec.command(arm, seed), "finished": time.strftime("%Y-%m-%d %H:%M:%S")},
-                        indent=1) + "\n")
-                    archive_run(spec, arm, seed)
-                elif not stopped:
-                    failed.append((arm, seed, why))
-                    tqdm.write(f"FAILED: arm {arm}, seed {seed}: {why}; last lines of {run_dir / LOG}:\n"
-                               f"{log_tail(run_dir / LOG)}", file=sys.stderr)
-                if why is None or not stopped:
-                    bar.update(1)
-                    bar.set_postfix(failed=len(failed))
-    finally:
-        bar.close()
-        for s, handler in old.items():
-            signal.signal(s, handler)
+    with _forwarding(lambda: list(running.values())) as stopped:
+        try:
+            while running or (pending and not stopped):
+                while pending and not stopped and len(running) < parallel:
+                    arm, seed = pending.pop(0)
+                    running[arm, seed] = _launch(spec, arm, seed)
+                    bar.set_description(", ".join(f"{a}/seed{s}" for a, s in running))
+                time.sleep(0.2)
+                for (arm, seed), proc in list(running.items()):
+                    rc = proc.poll()
+                    if rc is None:
+                        continue
+                    del running[arm, seed]
+                    run_dir = spec.run_dir(arm, seed)
+                    why = f"exit code {rc}" if rc != 0 else final_eval_problem(run_dir)
+                    if why is None:
+                        (run_dir / DONE).write_text(json.dumps(
+                            {"arm": arm, "seed": seed, "steps": run_steps(run_dir), "exit_code": rc,
+                             "command": spec.command(arm, seed), "finished": time.strftime("%Y-%m-%d %H:%M:%S")},
+                            indent=1) + "\n")
+                        archive_run(spec, arm, seed)
+                    elif not stopped:
+                        failed.append((arm, seed, why))
+                        tqdm.write(f"FAILED: arm {arm}, seed {seed}: {why}; last lines of {run_dir / LOG}:\n"
+                                   f"{log_tail(run_dir / LOG)}", file=sys.stderr)
+                    if why is None or not stopped:
+                        bar.update(1)
+                        bar.set_postfix(failed=len(failed))
+        finally:
+            bar.close()
     return failed, (stopped[0] if stopped else None)
 
 
@@ -637,11 +637,11 @@ def main(argv=None) -> int:
     todo = [(a, s) for a, s in grid if spec.record(a, s) is None]
     if args.dry_run:
         env = " ".join(f"{k}={v}" for k, v in OFFLINE_ENV.items())
+        for creates, argv in spec.prepare if todo else ():
+            print(f"# prepare ({'exists' if creates.exists() else 'missing'}: {creates}): {shlex.join(argv)}")
         for arm, seed in grid:
             d = spec.run_dir(arm, seed)
             if (arm, seed) in todo:
-                for creates, argv in spec.prepare if (arm, seed) == todo[0] else ():
-                    print(f"# prepare ({'exists' if creates.exists() else 'missing'}: {creates}): {shlex.join(argv)}")
                 print(f"{env} {shlex.join(spec.command(arm, seed))} >> {shlex.quote(str(d / LOG))} 2>&1")
             else:
                 print(f"# done: {arm} seed {seed} ({spec.record(arm, seed) / DONE})")

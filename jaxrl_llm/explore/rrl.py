@@ -88,6 +88,7 @@ class RRL(Explorer):
     def __init__(self, cfg: RRLSection):
         self.cfg = cfg
         self._pending: dict | None = None
+        self.setup: Setup | None = None  # set by init
 
     def min_group_size(self) -> int | None:
         """Continuation groups have `continuations` rows. Fresh groups lose at most F = k_max x continuations
@@ -96,7 +97,7 @@ class RRL(Explorer):
         (nor below MIN_FRESH_GROUP). Before init, the loosest bound. The update's shared layout holds
         micro-batch rows / this many contexts, so a tight bound is a smaller update."""
         c = self.cfg
-        if getattr(self, "setup", None) is None:
+        if self.setup is None:
             return min(MIN_FRESH_GROUP, c.continuations)
         rows, prompts = self.setup.rows, self.setup.prompts_per_step
         cut_floor = -(-(rows - self.k_max * c.continuations) // prompts) - 1
