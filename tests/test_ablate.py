@@ -431,3 +431,35 @@ def test_prepare_names_jaxrl_llm_as_this_interpreters_trainer(tmp_path):
                                         "prepare: [{creates: w/config.json, run: jaxrl-llm sft --config c.yaml a.b=1}]\n"))
     assert spec.prepare == ((Path("w/config.json"), (sys.executable, "-m", "jaxrl_llm.cli", "sft", "--config",
                                                      "c.yaml", "a.b=1")),)
+
+
+def test_explorer_section_weights_each_steps_rate_by_its_count(tmp_path):
+    """Continuation success over a run = successes / continuation rows (hand-computed), NaN steps skipped;
+    revision success weighted by revisions, bonus by candidates; counts summed; no section without explorers."""
+    spec = ablate.load_spec(_write_spec(tmp_path, SPEC.replace("seeds: [0, 1, 2]", "seeds: [0]")))
+    ev = [(0, _eval(0.1, 0.1, 0.5, {1: 0.1})), (3, _eval(0.2, 0.2, 0.4, {1: 0.2}))]
+    base = {"sampled_tokens": 5, "time_step_s": 1.0}
+    _write_run(spec.run_dir("a", 0), 3, ev, [base] * 3)
+    rrl = [{"rrl_replay_rows": 16, "rrl_continuation_success": 12 / 16, "rrl_fresh_success_same_prompts": 0.25},
+           {"rrl_replay_rows": 0},
+           {"rrl_replay_rows": 4, "rrl_continuation_success": 0.0, "rrl_fresh_success_same_prompts": math.nan}]
+    herl = [{"herl_revisions": 8, "herl_candidates": 2, "herl_revision_success": 0.5, "herl_bonus_mean": 0.1,
+             "herl_sampled_tokens": 300},
+            {"herl_revisions": 0, "herl_candidates": 0, "herl_sampled_tokens": 0},
+            {"herl_revisions": 4, "herl_candidates": 1, "herl_revision_success": 1.0, "herl_bonus_mean": 0.4,
+             "herl_sampled_tokens": 100}]
+    _write_run(spec.run_dir("b", 0), 3, ev, [{**base, **r, **h} for r, h in zip(rrl, herl)])
+    runs, missing = ablate.collect(spec)
+    e = {r.arm: ablate.explorer_summary(r.rows) for r in runs}
+    assert e["a"] == {}
+    assert e["b"]["rrl_replay_rows"] == 20 and e["b"]["herl_revisions"] == 12 and e["b"]["herl_sampled_tokens"] == 400
+    assert e["b"]["rrl_continuation_success"] == pytest.approx(12 / 20, abs=1e-12)  # 12 of 20 continuations
+    assert e["b"]["rrl_fresh_success_same_prompts"] == pytest.approx(0.25, abs=1e-12)  # the NaN step has no weight
+    assert e["b"]["herl_revision_success"] == pytest.approx((4 + 4) / 12, abs=1e-12)
+    assert e["b"]["herl_bonus_mean"] == pytest.approx((2 * 0.1 + 0.4) / 3, abs=1e-12)
+    text = ablate.format_markdown(spec, ablate.arm_table(spec, runs), runs, missing)
+    assert "## Explorers" in text
+    assert "| b | 0 | 20 | 0.600 | 0.250 | 12 | 0.667 | 0.200 | 400 |" in text
+    assert "| a | 0 |  |  |  |  |  |  |  |" in text
+    plain = ablate.format_markdown(spec, ablate.arm_table(spec, runs[:1]), runs[:1], missing)
+    assert "## Explorers" not in plain

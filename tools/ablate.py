@@ -74,6 +74,15 @@ REPLAY_COLUMNS = (("rrl_solved_first_via_replay", "solved first via replay"),)
 BUDGET_COLUMNS = REPLAY_COLUMNS + (("sampled_tokens", "sampled tokens"), ("wall_s", "wall s"), ("rl_steps", "RL steps"))
 OPTIONAL = {k for k, _ in REPLAY_COLUMNS} | {f"pass@{k}" for k in EVAL_KS} | set(REWARD_COLUMNS)  # shown when some arm has them
 COLUMNS = EVAL_COLUMNS + BUDGET_COLUMNS
+# what an explorer did over a whole run, from its train rows: (metric, label, weight): a step's count summed
+# (weight None), or a per-step rate averaged with each step weighted by its count of `weight` (NaN steps skipped)
+EXPLORER_COLUMNS = (("rrl_replay_rows", "replay rows", None),
+                    ("rrl_continuation_success", "continuation success", "rrl_replay_rows"),
+                    ("rrl_fresh_success_same_prompts", "fresh success, same prompts", "rrl_replay_rows"),
+                    ("herl_revisions", "revisions", None),
+                    ("herl_revision_success", "revision success", "herl_revisions"),
+                    ("herl_bonus_mean", "mean bonus", "herl_candidates"),
+                    ("herl_sampled_tokens", "revision tokens", None))
 ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -274,6 +283,22 @@ def run_summary(rows: list[dict], steps: int) -> dict | None:
     return {"start": eval_metrics(evals.get(0, {})), "final": {**eval_metrics(evals[steps]), **budget}}
 
 
+def explorer_summary(rows: list[dict]) -> dict[str, float]:
+    """EXPLORER_COLUMNS over a run's train rows (the later row of a step wins); a metric no row has is left out."""
+    train = list(by_step(rows, "train").values())
+    out = {}
+    for key, _, weight in EXPLORER_COLUMNS:
+        if weight is None:
+            if any(key in r for r in train):
+                out[key] = float(sum(r.get(key, 0) for r in train))
+            continue
+        pairs = [(r[key], r.get(weight, 0)) for r in train if key in r and not math.isnan(r[key])]
+        total = sum(w for _, w in pairs)
+        if total > 0:
+            out[key] = sum(v * w for v, w in pairs) / total
+    return out
+
+
 @dataclass(frozen=True)
 class Stat:
     mean: float
@@ -392,6 +417,18 @@ def format_markdown(spec: Spec, table: list[dict], runs: list[RunData], missing:
             out.append(f"| {r.arm} | {r.seed} | " + " | ".join(
                 _cell(k, f.get(k), 1) for k in ("greedy_accuracy", "sampled_accuracy", "never_solved_share",
                                                 "sampled_tokens", "wall_s")) + " |")
+    explored = [(r, explorer_summary(r.rows)) for r in runs]
+    cols = [(k, label) for k, label, _ in EXPLORER_COLUMNS if any(k in e for _, e in explored)]
+    counts = {k for k, _, weight in EXPLORER_COLUMNS if weight is None}
+    if cols:
+        out += ["", "## Explorers (per run, over all RL steps)", "",
+                "Counts are sums over the steps; rates are per-step rates weighted by the step's replay rows "
+                "(continuations; fresh success is of the fresh rollouts of the replayed prompts so far), "
+                "revisions (revision success: above the group's best), or candidates (bonus).", "",
+                "| arm | seed | " + " | ".join(label for _, label in cols) + " |", "|" + "---|" * (2 + len(cols))]
+        for r, e in explored:
+            out.append(f"| {r.arm} | {r.seed} | " + " | ".join(
+                "" if k not in e else f"{e[k]:,.0f}" if k in counts else f"{e[k]:.3f}" for k, _ in cols) + " |")
     if missing:
         out += ["", f"## Missing: {len(missing)} of {len(spec.arms) * len(spec.seeds)} runs not in the table", ""]
         out += [f"- {arm} seed {seed}: {why}" for arm, seed, why in missing]
