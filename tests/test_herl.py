@@ -173,6 +173,53 @@ def test_nothing_failed_or_nothing_qualifies():
     assert sorted(new.texts).count("draft 1") == 2  # group 0's best (row 1, first of the tied) copied once
 
 
+def test_small_groups_keep_a_sampled_row_and_copies_never_land_on_the_best(seed=0):
+    """E3 / RRL make groups smaller than replace_top_n: at most size - 1 revisions go in (none in a
+    group of one). keep_best_original: the best row is copied over ANOTHER member, in every failed group
+    with no qualifying revision, including groups past the candidate limit."""
+    setup = _setup()
+    # groups of 2, 1 and 4 rows; all fail; group 0's rows tied at 0 (row 1 meets more items)
+    plan = RowPlan(prompt=np.array([0, 0, 1, 2, 2, 2, 2]), group=np.array([0, 0, 1, 2, 2, 2, 2]),
+                   temperature=np.ones(7, np.float32), prefix=((),) * 7, replayed=np.zeros(7, bool),
+                   hindsight=np.zeros(7, bool), row_keys=np.zeros((7, 2), np.uint32))
+    met = np.zeros((7, 2), bool)
+    met[1, 0] = met[5, 0] = True
+    scored = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.5, 0.0], np.float32)
+    out = _out([setup.prompts[p] for p in plan.prompt], [[5, 6]] * 7, plan.temperature)
+    r = Rollouts(plan, out, scored.copy(), tuple(f"draft {i}" for i in range(7)), met)
+    herl = HeRL(HeRLSection(enabled=True, num_guided=3, replace_top_n=3, candidate_limit=16), "")
+    herl.init(setup)
+    stub = _Stub([1.0] * 12)  # candidates rows 1, 2, 5, then 0 (round-robin): 3 revisions each, all solve
+    new, m = herl.revise({}, r, StepInfo(1, np.arange(3), jax.random.key(seed)), stub.sample, stub.score, stub.logprobs)
+    hind = new.plan.hindsight
+    assert hind[:2].sum() == 1 and not hind[2] and hind[3:].sum() == 3, hind
+    assert m["herl_kept"] == 4 and m["herl_trained_reward_mean"] == pytest.approx(new.rewards.mean())
+    # keep_best_original, nothing qualifies, candidate limit 1: only group 0 (round-robin first) gets revisions
+    for key in range(8):
+        herl = HeRL(HeRLSection(enabled=True, keep_best_original=True, candidate_limit=1), "")
+        herl.init(setup)
+        new, m = herl.revise({}, r, StepInfo(1, np.arange(3), jax.random.key(key)), _Stub([-1.0]).sample,
+                             _Stub([-1.0]).score, None)
+        assert new.texts.count("draft 1") == 2 and new.texts.count("draft 0") == 0  # row 1 (more met) over row 0
+        assert new.texts.count("draft 5") == 2 and new.texts.count("draft 2") == 1  # past the limit too; a group of one kept
+        assert m["herl_kept"] == 2 and not new.plan.hindsight.any()
+
+
+def test_a_rubric_wider_than_the_steps_met_array_lists_its_extra_items_as_unmet():
+    """`met` is as wide as the most items a scored row reported; when every row of a longer rubric failed
+    to score, the revise prompt still lists all of its items (the missing ones unmet)."""
+    setup = _setup()
+    herl = HeRL(HeRLSection(enabled=True, candidate_limit=2), "")
+    herl.init(setup)
+    r = _rollouts(setup)
+    narrow = dataclasses.replace(r, met=r.met[:, :1])  # as if no row had reported its second item
+    stub = _Stub([0.0, 0.0])
+    herl.revise({}, narrow, StepInfo(1, np.arange(3), jax.random.key(0)), stub.sample, stub.score, stub.logprobs)
+    contexts = stub.calls[0][1]
+    assert contexts[0] == _encode(herl._revise_text(0, np.array([True, False]), "draft 1"))
+    assert contexts[1] == _encode(herl._revise_text(2, np.array([False, False]), "draft 8"))
+
+
 def test_herl_in_the_trainer_keeps_revisions_and_compiles_nothing_after_warmup(tmp_path):
     """The tiny model on rubric tasks it mostly fails, the policy judging the 'judge' items: every
     step revises the failed groups' best responses through the real sampler (under a short template),
@@ -215,6 +262,9 @@ def test_herl_in_the_trainer_keeps_revisions_and_compiles_nothing_after_warmup(t
                for s in got)
     assert sum(got[s]["herl_kept"] for s in got) >= 1, got
     assert all(got[s]["sampled_tokens"] > got[s]["herl_sampled_tokens"] > 0 for s in got)
+    # the step's metrics are the sampled rows' own: revisions (T = 0.3) in the trained batch do not move them
+    assert all(got[s]["temperature"] == pytest.approx(cfg.rollout.temperature, abs=1e-6) for s in got), got
+    assert all("herl_trained_reward_mean" in got[s] for s in got if got[s]["herl_kept"])
     # every scored row (the step's 32 and the revisions) asked the judge twice without a parsable verdict
     fails = [got[s]["judge_parse_failures"] for s in sorted(got)]
     assert fails[0] >= 32 and all(b - a >= 32 for a, b in zip(fails, fails[1:])), fails

@@ -11,8 +11,9 @@ After the step's rows are scored (`revise`), for the fresh groups whose best rew
     score       every revision against the ORIGINAL item and rubric
     bonus       each candidate's reward r <- r + alpha (best revision score - r)
     replace     per failed group the `replace_top_n` best revisions scoring above s* (else at least
-                s*) take the places of random members of the group (`keep_best_original`: a copy of
-                the best response when none qualifies); they are flagged hindsight, so the update
+                s*) take the places of random members of the group, never all of them
+                (`keep_best_original`: a copy of the best response over another member when none
+                qualifies, in any failed group); they are flagged hindsight, so the update
                 trains them with -A rho / (rho + gamma), unclipped (algo.hindsight_gamma)
     train_on    original: the revision is trained as a response to the original prompt, its old
                 log-probs recomputed there by a teacher-forced pass of the current policy;
@@ -55,14 +56,16 @@ def failed_groups(group: np.ndarray, scored: np.ndarray, eligible: np.ndarray, t
     return out
 
 
+def ranked_best(rows: np.ndarray, best: float, scored: np.ndarray, met_count: np.ndarray) -> np.ndarray:
+    """A group's rows tied at its best reward, most items met first, then lower row."""
+    tied = rows[np.abs(scored[rows] - best) < TIE]
+    return tied[np.lexsort((tied, -met_count[tied]))]
+
+
 def candidates(failed, scored: np.ndarray, met_count: np.ndarray, limit: int) -> list[tuple[int, int]]:
-    """(index into `failed`, row) pairs: each failed group's rows tied at its best, most items met
-    first (then lower row), taken round-robin over the groups (rank 0 of every group, then rank 1,
-    ...), at most `limit`."""
-    ranked = []
-    for rows, best in ((rows, best) for _, rows, best in failed):
-        tied = rows[np.abs(scored[rows] - best) < TIE]
-        ranked.append(tied[np.lexsort((tied, -met_count[tied]))])
+    """(index into `failed`, row) pairs: each failed group's `ranked_best` rows, taken round-robin over
+    the groups (rank 0 of every group, then rank 1, ...), at most `limit`."""
+    ranked = [ranked_best(rows, best, scored, met_count) for _, rows, best in failed]
     out, rank = [], 0
     while len(out) < limit and any(rank < len(r) for r in ranked):
         out += [(f, int(r[rank])) for f, r in enumerate(ranked) if rank < len(r)]
@@ -116,6 +119,14 @@ class HeRL(Explorer):
     def _num_items(self, item: int) -> int:
         return len(self._rubric(item))
 
+    def _met_of(self, met: np.ndarray, row: int, item: int) -> np.ndarray:
+        """The row's met vector over its item's whole rubric: the step's `met` is as wide as the most
+        items a scored row reported, so items past it (a rubric whose rows all failed to score) are unmet."""
+        out = np.zeros(self._num_items(item), bool)
+        width = min(len(out), met.shape[1])
+        out[:width] = met[row, :width]
+        return out
+
     def _revise_text(self, item: int, met: np.ndarray, draft: str) -> str:
         rubric = self._rubric(item)
         return self.cfg.revise_template.format(
@@ -129,7 +140,8 @@ class HeRL(Explorer):
         scored = rollouts.scored
         met = rollouts.met if rollouts.met is not None else np.zeros((rollouts.rows, 0), bool)
         failed = failed_groups(plan.group, scored, ~plan.replayed & ~plan.hindsight, c.threshold)
-        cands = candidates(failed, scored, met.sum(axis=1), c.candidate_limit)
+        met_count = met.sum(axis=1)
+        cands = candidates(failed, scored, met_count, c.candidate_limit)
         metrics = {"herl_failed_groups": len(failed), "herl_candidates": len(cands), "herl_revisions": 0,
                    "herl_kept": 0, "herl_sampled_tokens": 0}
         if not cands:
@@ -138,8 +150,7 @@ class HeRL(Explorer):
         contexts = []
         for r in rows:
             item = int(plan.prompt[r])
-            k = self._num_items(item)
-            contexts.append(self.setup.encode(self._revise_text(item, met[r, :k], rollouts.texts[r])))
+            contexts.append(self.setup.encode(self._revise_text(item, self._met_of(met, r, item), rollouts.texts[r])))
         n = len(rows)
         guided = RowPlan(prompt=plan.prompt[rows], group=plan.group[rows],
                          temperature=np.full(n, c.guided_temperature, np.float32), prefix=((),) * n,
@@ -161,12 +172,14 @@ class HeRL(Explorer):
         for f, (_, grows, best) in enumerate(failed):
             mine = np.flatnonzero(cand_of == f)
             pick = mine[choose_revisions(rev[mine], best, c.replace_top_n)] if len(mine) else np.zeros(0, int)
+            pick = pick[:len(grows) - 1]  # a sampled row stays in every group (E3 / RRL can make groups small)
             places = rng.permutation(grows)
             if len(pick):
                 victims += places[:len(pick)].tolist()
                 kept += pick.tolist()
-            elif c.keep_best_original and len(mine):
-                copies.append((int(places[0]), next(row for ff, row in cands if ff == f)))  # the group's best
+            elif c.keep_best_original and len(grows) > 1:  # any failed group, with candidates or past the limit
+                top = int(ranked_best(grows, best, scored, met_count)[0])
+                copies.append((int(next(p for p in places if p != top)), top))
         result = dataclasses.replace(rollouts, rewards=rewards, advantages=None)
         if kept:
             new = revised.take(np.asarray(kept))
@@ -185,5 +198,8 @@ class HeRL(Explorer):
             "herl_revisions": n, "herl_kept": len(kept) + len(copies),
             "herl_revision_success": float(np.mean(rev > np.array([failed[f][2] for f in cand_of]) + TIE)),
             "herl_revision_reward": float(rev.mean()), "herl_bonus_mean": float(bonus.mean()),
-            "herl_sampled_tokens": int(out.num_generated.sum())})
+            "herl_sampled_tokens": int(out.num_generated.sum()),
+            # what the update trains on: revisions swapped in, candidates' bonus (the step's reward_mean and
+            # accuracy are the sampled rows' own)
+            "herl_trained_reward_mean": float(result.rewards.mean())})
         return result, metrics

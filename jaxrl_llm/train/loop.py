@@ -317,6 +317,7 @@ class Run:
         t1 = time.perf_counter()
         score_fn = lambda plan, out: score(pool, self.tok, cfg, items, plan, out, self.judge)  # noqa: E731
         rollouts = score_fn(plan, out)
+        sampled = rollout_metrics(rollouts)  # the step's groups as sampled, before any hindsight revision
         t2 = time.perf_counter()
         sample_fn = lambda plan, contexts=None, **shape: sample_plan(  # noqa: E731
             self.sampler, params, cfg, prompts, plan, contexts, **shape)
@@ -324,7 +325,7 @@ class Run:
                                                          self.teacher_logprobs)
         rollouts = with_advantages(rollouts, cfg.algo.advantage)
         t3 = time.perf_counter()
-        metrics = {**rollout_metrics(rollouts), **revise_metrics,
+        metrics = {**sampled, **revise_metrics,
                    # every token sampled this step: the rows' call and any explorer's own calls (HeRL's revisions)
                    "sampled_tokens": int(out.num_generated.sum()) + int(revise_metrics.get("herl_sampled_tokens", 0)),
                    "sample_tokens_per_s": float(out.num_generated.sum() / max(t1 - t0, 1e-9)),
