@@ -169,7 +169,7 @@ class RRLSection:
     max_prefix_tokens: int = 64  # longest stored prefix (and at most rollout.max_new_tokens - 1)
     boundary: str = "line"  # line | sentence | tokens: where responses are cut into prefix states
     every_tokens: int = 16  # boundary=tokens: a cut every this many tokens
-    prefixes_per_response: int = 2  # cuts kept per response, spread over its boundaries (a short and a long one)
+    prefixes_per_response: int = 2  # cuts kept per response: highest prior first, ties spread (a short and a long one)
     unsolved_below: float = 0.5  # a prompt whose fresh group succeeds less often than this is unsolved
     reference_prefixes: bool = False  # also cut the data set's reference solutions of unsolved prompts
     # a state's prior: "response" = the reward of the response it was cut from (ALGORITHMS.md §3); "steps" =

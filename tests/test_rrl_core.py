@@ -12,7 +12,7 @@ import pytest
 from jaxrl_llm.config import RRLSection
 from jaxrl_llm.data.worked import first_error, parse_terms, step_profile, steps, worked_solution
 from jaxrl_llm.explore.base import Setup, StepInfo
-from jaxrl_llm.explore.cuts import boundary_table, cut_lengths, spread
+from jaxrl_llm.explore.cuts import boundary_table, cut_lengths, keep_best, spread
 from jaxrl_llm.explore.rows import RowPlan, Rollouts
 from jaxrl_llm.explore.rrl import BY_FRESH, BY_REPLAY, NEVER, RRL, free_slots
 from jaxrl_llm.sampling.sampler import FINISH_LENGTH, FINISH_STOP, SampleOutput
@@ -61,6 +61,26 @@ def test_boundary_table_and_cuts():
             assert len(got) == min(c, k) and set(got) <= set(lengths) and (np.diff(got) > 0).all()
             if c > k >= 2:
                 assert got[0] == lengths[0] and got[-1] == lengths[-1]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_keep_best_takes_the_highest_scores_and_spreads_ties_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(200):
+        n, k = int(rng.integers(0, 9)), int(rng.integers(1, 4))
+        lengths = np.sort(rng.choice(np.arange(1, 40), size=n, replace=False))
+        scores = rng.choice([0.0, 0.25, 0.5, 1.0], size=n).astype(np.float32)
+        got = keep_best(lengths, scores, k)
+        assert len(got) == min(n, k) and (np.diff(got) > 0).all()
+        # brute force: the kept scores are the k largest; the lowest kept tier, if cut short, is spread
+        assert sorted(scores[got].tolist()) == sorted(scores.tolist())[n - len(got):]
+        if n > k:
+            low = scores[got].min()
+            tier = np.flatnonzero(scores == low)
+            taken = [i for i in got if scores[i] == low]
+            assert lengths[taken].tolist() == spread(lengths[tier], len(taken)).tolist()
+    same = np.arange(1, 8) * 3
+    assert (same[keep_best(same, np.zeros(7), 2)] == spread(same, 2)).all()  # one score: the spread rule
 
 
 def _setup(**kw):
@@ -272,6 +292,18 @@ def test_step_prior_scores_each_prefix_by_the_reference_lines_it_has_right():
     assert got == pytest.approx(want, abs=1e-6)
     assert rrl.step_prior(0, tok(ref + "\n")["input_ids"]) == 1.0  # every line right: the whole solution
     assert rrl.step_prior(0, tok("1+2=3\n3+")["input_ids"]) == pytest.approx(1 / 3)  # a partial line is not judged
+
+    # a response right for 3 lines and wrong at the 4th: kept by prior, its two longest right-so-far cuts
+    # (the spread rule would keep the first line and the wrong 4th)
+    items4 = [dataclasses.replace(it, reference=ref + "\n6+1=7") for it in items]
+    rrl = RRL(dataclasses.replace(cfg, prefixes_per_response=2, max_prefix_tokens=30))
+    state = rrl.init(_setup(items=items4, tokenizer=tok, max_new_tokens=30))
+    plan = rrl.plan(state, RowPlan.groups([8] * 4, 1.0, jax.random.key(0), prompt_ids=[0, 1, 2, 3]), info)
+    one = tuple(tok("1+2=3\n3+4=7\n7-1=6\n6+1=8\n8")["input_ids"])
+    new, _ = rrl.observe(state, _rollouts(plan, [one] * 32, np.zeros(32, np.float32), np.zeros(32, bool)), info)
+    r = jax.device_get(new.replay)
+    got = {tok.decode(r.tokens[i, :r.length[i]].tolist()): float(r.prior[i]) for i in np.flatnonzero(r.length > 0)}
+    assert got == pytest.approx({"1+2=3\n3+4=7\n": 0.5, "1+2=3\n3+4=7\n7-1=6\n": 0.75}, abs=1e-6)
 
     no_ref = [dataclasses.replace(it, reference="") if i == 4 else it for i, it in enumerate(items)]
     with pytest.raises(ValueError, match=r"prior=steps needs a reference solution .* item 4 \(uid 4\)"):

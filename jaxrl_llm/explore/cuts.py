@@ -4,8 +4,9 @@
 text holds a newline ('line'), or a newline or a sentence end ('sentence': text ending in '.', '!'
 or '?'). With 'tokens' every `every` tokens is a boundary instead. `cut_lengths` lists the prefix
 lengths a response offers (a cut right after a boundary token, shorter than the response and at
-most `max_len`); `spread` keeps `k` of them spread over the response, the shortest and the longest
-first, so a state and a longer state of the same response can be compared (backtracking).
+most `max_len`); `keep_best` keeps `k` of them by their score (the states' priors, ALGORITHMS.md §3),
+and among cuts of equal score `spread` keeps them spread over the response, the shortest and the
+longest first, so a state and a longer state of the same response can be compared (backtracking).
 """
 
 from __future__ import annotations
@@ -37,6 +38,20 @@ def cut_lengths(response: np.ndarray, table: np.ndarray, mode: str, every: int, 
     else:
         lengths = np.flatnonzero(table[response]) + 1
     return lengths[(lengths < n) & (lengths <= max_len)]
+
+
+def keep_best(lengths: np.ndarray, scores: np.ndarray, k: int) -> np.ndarray:
+    """Indices into the sorted `lengths` of at most k cuts: the highest `scores` first, each tier of equal
+    score `spread` over its own lengths; in length order. One score for all (prior: response) is `spread`."""
+    if len(lengths) <= k:
+        return np.arange(len(lengths))
+    keep: list[int] = []
+    for s in np.unique(scores)[::-1]:
+        tier = np.flatnonzero(scores == s)
+        keep += tier[np.searchsorted(lengths[tier], spread(lengths[tier], k - len(keep)))].tolist()
+        if len(keep) == k:
+            break
+    return np.sort(np.asarray(keep, np.int64))
 
 
 def spread(lengths: np.ndarray, k: int) -> np.ndarray:

@@ -32,7 +32,7 @@ from flax import struct
 
 from jaxrl_llm.config import RRLSection
 from jaxrl_llm.explore.base import Explorer, Setup, StepInfo
-from jaxrl_llm.explore.cuts import boundary_table, cut_lengths, spread
+from jaxrl_llm.explore.cuts import boundary_table, cut_lengths, keep_best
 from jaxrl_llm.explore.replay import ReplayState, empty, jitted, state_shardings
 from jaxrl_llm.explore.replay import value as replay_value
 from jaxrl_llm.explore.rows import RowPlan, Rollouts
@@ -193,10 +193,12 @@ class RRL(Explorer):
         def add(item, response, p):
             nonlocal j
             cuts = cut_lengths(response, self.table, c.boundary, c.every_tokens, t)
-            for cut in spread(cuts, c.prefixes_per_response):
+            priors = np.array([p if c.prior == "response" else self.step_prior(item, response[:cut]) for cut in cuts],
+                              np.float32)
+            for i in keep_best(cuts, priors, c.prefixes_per_response):
+                cut = cuts[i]
                 tokens[j, :cut] = response[:cut]
-                length[j], prompt[j], valid[j] = cut, item, True
-                prior[j] = p if c.prior == "response" else self.step_prior(item, response[:cut])
+                length[j], prompt[j], valid[j], prior[j] = cut, item, True, priors[i]
                 j += 1
 
         stop = out.context_len + out.num_generated
