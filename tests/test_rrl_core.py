@@ -12,7 +12,7 @@ import pytest
 from jaxrl_llm.config import RRLSection
 from jaxrl_llm.data.worked import first_error, parse_terms, step_profile, steps, worked_solution
 from jaxrl_llm.explore.base import Setup, StepInfo
-from jaxrl_llm.explore.cuts import boundary_table, cut_lengths, keep_best, spread
+from jaxrl_llm.explore.cuts import LINE, OPENS_SPACE, SENTENCE, boundary_table, cut_lengths, keep_best, spread
 from jaxrl_llm.explore.rows import RowPlan, Rollouts
 from jaxrl_llm.explore.rrl import BY_FRESH, BY_REPLAY, NEVER, RRL, free_slots
 from jaxrl_llm.sampling.sampler import FINISH_LENGTH, FINISH_STOP, SampleOutput
@@ -47,13 +47,18 @@ class _CharTok:
 def test_boundary_table_and_cuts():
     lines = boundary_table(_CharTok(), 10, "line")
     sentences = boundary_table(_CharTok(), 10, "sentence")
-    assert lines.tolist() == [False, True, False, False, False, False, False, True, False, False]
-    assert sentences.tolist() == [False, True, True, False, False, True, True, True, False, False]
-    resp = np.array([0, 1, 3, 2, 0, 7, 3, 1])
+    assert ((lines & LINE) > 0).tolist() == [False, True, False, False, False, False, False, True, False, False]
+    assert (lines & ~LINE == 0).all()
+    assert ((sentences & SENTENCE) > 0).tolist() == [False, False, True, False, False, True, True, False, False, False]
+    assert ((sentences & OPENS_SPACE) > 0).tolist() == [False] * 4 + [True, False, False, True, False, False]
+    resp = np.array([0, 1, 3, 2, 0, 7, 3, 1])  # a b\n c . a \n\n c b\n
     assert cut_lengths(resp, lines, "line", 0, 100).tolist() == [2, 6]  # not the full response (8)
-    assert cut_lengths(resp, sentences, "sentence", 0, 100).tolist() == [2, 4, 6]
-    assert cut_lengths(resp, sentences, "sentence", 0, 5).tolist() == [2, 4]
-    assert cut_lengths(resp, lines, "tokens", 3, 100).tolist() == [3, 6]
+    assert cut_lengths(resp, sentences, "sentence", 0, 100).tolist() == [2, 6]  # "." then "a": not a sentence end
+    # a . _ a . c x. b\n ? \n\n c: a mark ends a sentence only before whitespace (a space or a newline)
+    resp = np.array([0, 2, 4, 0, 2, 3, 6, 1, 5, 7, 3])
+    assert cut_lengths(resp, sentences, "sentence", 0, 100).tolist() == [2, 8, 9, 10]
+    assert cut_lengths(resp, sentences, "sentence", 0, 8).tolist() == [2, 8]
+    assert cut_lengths(resp, lines, "tokens", 3, 100).tolist() == [3, 6, 9]
     for c in range(0, 9):
         lengths = np.arange(1, c + 1) * 3
         for k in (1, 2, 3):

@@ -1,10 +1,11 @@
 """Where responses are cut into RRL prefix states (ALGORITHMS.md §3): after a token that ends a step.
 
-`boundary_table` marks, once per tokenizer, the vocabulary entries that end a step: any token whose
-text holds a newline ('line'), or a newline or a sentence end ('sentence': text ending in '.', '!'
-or '?'). With 'tokens' every `every` tokens is a boundary instead. `cut_lengths` lists the prefix
-lengths a response offers (a cut right after a boundary token, shorter than the response and at
-most `max_len`); `keep_best` keeps `k` of them by their score (the states' priors, ALGORITHMS.md §3),
+`boundary_table` marks, once per tokenizer, what each vocabulary entry says about step ends: its text
+holds a newline ('line'), or, for 'sentence', also ends in '.', '!' or '?' and starts with
+whitespace; a step ends after a newline, or after a sentence mark when the next token starts with
+whitespace (so "3.5" and "e.g.x" are not cut). With 'tokens' every `every` tokens is a boundary
+instead. `cut_lengths` lists the prefix lengths a response offers (a cut right after a boundary,
+shorter than the response and at most `max_len`); `keep_best` keeps `k` of them by their score (the states' priors, ALGORITHMS.md §3),
 and among cuts of equal score `spread` keeps them spread over the response, the shortest and the
 longest first, so a state and a longer state of the same response can be compared (backtracking).
 """
@@ -14,11 +15,14 @@ from __future__ import annotations
 import numpy as np
 
 SENTENCE_ENDS = (".", "!", "?")
+LINE, SENTENCE, OPENS_SPACE = 1, 2, 4  # boundary_table's flags
 
 
 def boundary_table(tokenizer, vocab_size: int, mode: str) -> np.ndarray:
-    """[vocab_size] bool: the token ends a step. Ids the tokenizer cannot decode are not boundaries."""
-    table = np.zeros(vocab_size, bool)
+    """[vocab_size] int8 flags: LINE (the text holds a newline), and with mode 'sentence' SENTENCE (it
+    ends in a sentence mark, trailing spaces aside) and OPENS_SPACE (it starts with whitespace). Ids
+    the tokenizer cannot decode get no flag."""
+    table = np.zeros(vocab_size, np.int8)
     if mode == "tokens":
         return table
     for i in range(vocab_size):
@@ -26,17 +30,24 @@ def boundary_table(tokenizer, vocab_size: int, mode: str) -> np.ndarray:
             text = tokenizer.decode([i])
         except Exception:  # ids past the tokenizer's vocabulary (padded embedding rows)
             continue
-        table[i] = "\n" in text or (mode == "sentence" and text.rstrip(" ").endswith(SENTENCE_ENDS))
+        table[i] = LINE * ("\n" in text)
+        if mode == "sentence":
+            table[i] |= SENTENCE * text.rstrip(" ").endswith(SENTENCE_ENDS) + OPENS_SPACE * text[:1].isspace()
     return table
 
 
 def cut_lengths(response: np.ndarray, table: np.ndarray, mode: str, every: int, max_len: int) -> np.ndarray:
-    """Prefix lengths L (1 <= L < len(response), L <= max_len) that end right after a boundary."""
+    """Prefix lengths L (1 <= L < len(response), L <= max_len) that end right after a boundary: a
+    newline, or ('sentence') a sentence mark followed by a token that starts with whitespace."""
     n = len(response)
     if mode == "tokens":
         lengths = np.arange(every, n, every)
     else:
-        lengths = np.flatnonzero(table[response]) + 1
+        flags = table[response]
+        ends = (flags & LINE) > 0
+        if mode == "sentence":
+            ends |= ((flags & SENTENCE) > 0) & ((np.append(flags[1:], OPENS_SPACE) & OPENS_SPACE) > 0)
+        lengths = np.flatnonzero(ends) + 1
     return lengths[(lengths < n) & (lengths <= max_len)]
 
 
