@@ -206,6 +206,26 @@ def test_small_groups_keep_a_sampled_row_and_copies_never_land_on_the_best(seed=
         assert m["herl_kept"] == 2 and not new.plan.hindsight.any()
 
 
+def test_revisions_of_any_count_compile_nothing_new():
+    """The number of revisions changes every step; their sampler keys keep one shape (guided rows), so
+    after the first hindsight step nothing compiles (this once compiled a key program for every count)."""
+    from jaxrl_llm.utils import compile_counter
+
+    setup = _setup()
+    herl = HeRL(HeRLSection(enabled=True, candidate_limit=8), "")
+    herl.init(setup)
+    r = _rollouts(setup)
+    info = StepInfo(1, np.arange(3), jax.random.key(0))
+    herl.revise({}, r, info, _Stub([0.0] * 6).sample, _Stub([0.0] * 6).score, _Stub([]).logprobs)  # 6 revisions
+    before = compile_counter.compilations()
+    for n, scored in ((4, np.where(np.arange(12) < 8, 1.0, r.scored)), (3, np.where(np.arange(12) == 9, 0.5, r.scored))):
+        one = dataclasses.replace(r, scored=scored.astype(np.float32), rewards=scored.astype(np.float32))
+        stub = _Stub([0.0] * n)
+        _, m = herl.revise({}, one, info, stub.sample, stub.score, stub.logprobs)
+        assert m["herl_revisions"] == n
+    assert compile_counter.compilations() == before
+
+
 def test_a_rubric_wider_than_the_steps_met_array_lists_its_extra_items_as_unmet():
     """`met` is as wide as the most items a scored row reported; when every row of a longer rubric failed
     to score, the revise prompt still lists all of its items (the missing ones unmet)."""

@@ -157,6 +157,23 @@ def _rollouts(plan, responses, rewards, stop):
     return Rollouts(plan, out, r, ("",) * n)
 
 
+def test_plans_drawing_any_number_of_states_compile_nothing_new():
+    """k (the states a step draws) changes with the unsolved share and the array's fill; the draw's gathers
+    and keys keep one shape (k_max), so after the first replay nothing compiles (this once compiled a
+    gather and a key program for every new k, mid-run)."""
+    from jaxrl_llm.utils import compile_counter
+
+    rrl, _ = _rrl()
+    states = [_insert(rrl, rrl.init(_setup()), p, q, v) for p, q, v in (([(7, 8), (9,), (3, 4, 5)], [0, 5, 1], [0.9, 0.5, 0.1]),
+                                                           ([(9,)], [5], [0.5]), ([(9,), (3,)], [5, 1], [0.5, 0.2]))]
+    base = RowPlan.groups([8] * 4, 1.0, jax.random.key(0), prompt_ids=[0, 1, 2, 3])
+    info = StepInfo(step=2, prompt_ids=np.array([0, 1, 2, 3]), key=jax.random.key(1))
+    assert rrl.plan(states[0], base, info).replayed.sum() == 12  # warm-up: the first replay compiles
+    before = compile_counter.compilations()
+    assert [rrl.plan(s, base, info).replayed.sum() for s in states[1:]] == [4, 8]
+    assert compile_counter.compilations() == before
+
+
 def test_observe_updates_values_drops_solved_and_inserts_cuts():
     rrl, state = _rrl(capacity=64)  # room for every cut: nothing evicted
     state = _insert(rrl, state, [(7, 8), (9,), (3, 4, 5)], [0, 5, 1], [0.9, 0.5, 0.1])

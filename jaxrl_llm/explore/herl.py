@@ -155,7 +155,8 @@ class HeRL(Explorer):
         guided = RowPlan(prompt=plan.prompt[rows], group=plan.group[rows],
                          temperature=np.full(n, c.guided_temperature, np.float32), prefix=((),) * n,
                          replayed=np.zeros(n, bool), hindsight=np.ones(n, bool),
-                         row_keys=np.asarray(row_key_data(jax.random.fold_in(info.key, 0), n)))
+                         # keys for the call's fixed row count, cut on the host: no program per n
+                         row_keys=np.asarray(row_key_data(jax.random.fold_in(info.key, 0), self.guided_rows))[:n])
         out = sample(guided, contexts, min_rows=self.guided_rows, min_context=self.guided_context)
         revised = score(guided, out)  # against the ORIGINAL items and rubrics
         rev = revised.scored

@@ -164,18 +164,21 @@ class RRL(Explorer):
             return plan
         freed = freed[:k * c.continuations]
         r = state.replay
-        length = to_host(r.length[slots])
-        tokens = to_host(r.tokens[slots])
+        # gathers and keys at the most states a step can draw, cut on the host: one program whatever k
+        at = np.zeros(self.k_max, np.int32)
+        at[:k] = slots
+        length, tokens, drawn_prompt = (to_host(x[at])[:k] for x in (r.length, r.tokens, r.prompt))
         drawn_value = to_host(replay_value(r))[slots]
         n = k * c.continuations
         first_group = int(plan.group.max()) + 1
         state_of_row = np.repeat(np.arange(k), c.continuations)
-        replay_plan = RowPlan(prompt=to_host(r.prompt[slots])[state_of_row].astype(plan.prompt.dtype),
+        replay_plan = RowPlan(prompt=drawn_prompt[state_of_row].astype(plan.prompt.dtype),
                               group=(first_group + state_of_row).astype(plan.group.dtype),
                               temperature=plan.temperature[freed].copy(),
                               prefix=tuple(tuple(int(t) for t in tokens[j, :length[j]]) for j in state_of_row),
                               replayed=np.ones(n, bool), hindsight=np.zeros(n, bool),
-                              row_keys=np.asarray(row_key_data(jax.random.fold_in(info.key, 1), n)))
+                              row_keys=np.asarray(row_key_data(jax.random.fold_in(info.key, 1),
+                                                               self.k_max * c.continuations))[:n])
         keep = np.setdiff1d(np.arange(plan.rows), freed)
         self._pending.update(states=k, slots=slots, groups=first_group + np.arange(k), value=drawn_value)
         return RowPlan.concat([plan.take(keep), replay_plan])
