@@ -379,6 +379,13 @@ def _validate(cfg: Config, source: str) -> None:
 
     need(cfg.rollout.group_size >= 1 and cfg.rollout.prompts_per_step >= 1, "rollout sizes must be >= 1")
     need(cfg.rollout.max_new_tokens >= 1, "rollout.max_new_tokens must be >= 1")
+    a = cfg.algo
+    need(a.ppo_epochs >= 1 and a.minibatches >= 1 and a.micro_batch >= 1,
+         f"algo.ppo_epochs ({a.ppo_epochs}), minibatches ({a.minibatches}) and micro_batch ({a.micro_batch}) "
+         "must be >= 1")
+    need(a.kl_coef >= 0, f"algo.kl_coef={a.kl_coef} must be >= 0 (0 turns the KL term off)")
+    need(cfg.eval.every >= 1 and cfg.eval.samples >= 1 and cfg.eval.size >= 0,
+         f"eval.every ({cfg.eval.every}) and eval.samples ({cfg.eval.samples}) must be >= 1, eval.size >= 0")
     rows = cfg.rollout.group_size * cfg.rollout.prompts_per_step
     need(rows % cfg.algo.minibatches == 0, f"algo.minibatches={cfg.algo.minibatches} must divide {rows} rollout rows")
     need((rows // cfg.algo.minibatches) % cfg.algo.micro_batch == 0 or cfg.algo.micro_batch >= rows,

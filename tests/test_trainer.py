@@ -61,6 +61,13 @@ def test_config_errors_name_the_key():
         load_config(None, ["algo.advantage=ppo"])
     with pytest.raises(ConfigError, match=r"'optim.lr' must be float, got 'fast'"):
         load_config(None, ["optim.lr=fast"])
+    # values that would crash mid-run (an IndexError after the first rollouts, a division by zero) or
+    # silently turn a term off are refused up front, naming the key
+    for bad, key in (("algo.ppo_epochs=0", "algo.ppo_epochs"), ("algo.minibatches=0", "minibatches"),
+                     ("algo.micro_batch=0", "micro_batch"), ("algo.kl_coef=-0.1", "algo.kl_coef"),
+                     ("eval.every=0", "eval.every"), ("eval.samples=0", "eval.samples")):
+        with pytest.raises(ConfigError, match=key):
+            load_config(None, [bad])
 
 
 def test_reward_rises_on_a_toy_run(tmp_path):

@@ -385,7 +385,7 @@ class Run:
             **explore_metrics,
         })
         metrics["time_other_s"] = metrics["time_step_s"] - metrics["time_sample_s"] - metrics["time_reward_s"] \
-            - metrics["time_update_s"]
+            - metrics["time_revise_s"] - metrics["time_update_s"]
         return metrics
 
     def evaluate(self, pool: RewardPool) -> dict:
