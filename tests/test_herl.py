@@ -9,6 +9,7 @@ import itertools
 import json
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -239,6 +240,31 @@ def test_a_rubric_wider_than_the_steps_met_array_lists_its_extra_items_as_unmet(
     contexts = stub.calls[0][1]
     assert contexts[0] == _encode(herl._revise_text(0, np.array([True, False]), "draft 1"))
     assert contexts[1] == _encode(herl._revise_text(2, np.array([False, False]), "draft 8"))
+
+
+def test_teacher_logprobs_equal_a_plain_forward_of_the_moved_rows(tmp_path):
+    """The trainer's teacher-forced pass (HeRL train_on=original) over a few rows, padded to the most a step
+    moves (4 here, not the step's 64 rows), equals the rows forward of the same tokens and temperatures."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from flax import nnx
+    from test_trainer import _tiny_cfg
+
+    from jaxrl_llm.rl.forward import rows_logp
+    from jaxrl_llm.train.loop import Run
+
+    run = Run(_tiny_cfg(tmp_path), log=lambda *a: None)
+    assert run.teacher_rows == 4 and run.rows == 64
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(3, 60, size=n).tolist() for n in (5, 9, 3)]
+    out = _out(prompts, [rng.integers(3, 60, size=n).tolist() for n in (4, 2, 6)], [1.0, 0.7, 1.3])
+    got = run.teacher_logprobs(out)
+    model = nnx.merge(run.policy.graphdef, run.state.params)
+    want = np.asarray(rows_logp(model, jnp.asarray(out.tokens), jnp.asarray(out.temperature)))
+    assert got.shape == out.tokens.shape and (got[:, 0] == 0).all()
+    np.testing.assert_allclose(got[:, 1:], want, rtol=0, atol=2e-5)
 
 
 def test_herl_in_the_trainer_keeps_revisions_and_compiles_nothing_after_warmup(tmp_path):
