@@ -190,7 +190,9 @@ def test_archived_records_are_not_git_ignored(path):
     spec = ablate.load_spec(path)
     record = spec.archived(next(iter(spec.arms)), spec.seeds[0]) / "metrics.jsonl"
     rel = record.resolve().relative_to(ROOT) if record.is_absolute() else record
-    got = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-v", str(rel)], capture_output=True, text=True)
+    # --no-index: a committed record must still not match an ignore rule (git skips tracked files otherwise)
+    got = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "--no-index", "-v", str(rel)], capture_output=True,
+                         text=True)
     assert got.returncode == 1, f"{rel} is git-ignored: {got.stdout.strip()}"
 
 

@@ -12,7 +12,7 @@ import pytest
 from jaxrl_llm.config import RRLSection
 from jaxrl_llm.data.worked import first_error, parse_terms, step_profile, steps, worked_solution
 from jaxrl_llm.explore.base import Setup, StepInfo
-from jaxrl_llm.explore.cuts import LINE, OPENS_SPACE, SENTENCE, boundary_table, cut_lengths, keep_best, spread
+from jaxrl_llm.explore.cuts import OPENS_SPACE, SENTENCE, STEP_END, boundary_table, cut_lengths, keep_best, spread
 from jaxrl_llm.explore.rows import RowPlan, Rollouts
 from jaxrl_llm.explore.rrl import BY_FRESH, BY_REPLAY, NEVER, RRL, free_slots
 from jaxrl_llm.sampling.sampler import FINISH_LENGTH, FINISH_STOP, SampleOutput
@@ -39,16 +39,28 @@ def test_free_slots_levels_the_largest_groups(seed):
 
 class _CharTok:
     def decode(self, ids):
-        if ids[0] >= 8:
+        if ids[0] >= 9:
             raise IndexError(ids)
-        return ["a", "b\n", ".", "c", " ", "?", "x.", "\n\n"][ids[0]]
+        return ["a", "b\n", ".", "c", " ", "?", "x.", "\n\n", ". "][ids[0]]
+
+
+class _PieceTok:
+    """Decodes a lone token without its leading space, as SentencePiece tokenizers do; the token strings keep it."""
+    PIECES = ["\u2581Hi", ".", "\u2581The", "5", "<0x0A>"]
+
+    def decode(self, ids):
+        return self.PIECES[ids[0]].lstrip("\u2581").replace("<0x0A>", "\n")
+
+    def convert_ids_to_tokens(self, i):
+        return self.PIECES[i]
 
 
 def test_boundary_table_and_cuts():
     lines = boundary_table(_CharTok(), 10, "line")
     sentences = boundary_table(_CharTok(), 10, "sentence")
-    assert ((lines & LINE) > 0).tolist() == [False, True, False, False, False, False, False, True, False, False]
-    assert (lines & ~LINE == 0).all()
+    assert ((lines & STEP_END) > 0).tolist() == [False, True, False, False, False, False, False, True, False, False]
+    assert (lines & ~STEP_END == 0).all()
+    assert ((sentences & STEP_END) > 0).tolist() == [False, True] + [False] * 5 + [True, True, False]  # ". " too
     assert ((sentences & SENTENCE) > 0).tolist() == [False, False, True, False, False, True, True, False, False, False]
     assert ((sentences & OPENS_SPACE) > 0).tolist() == [False] * 4 + [True, False, False, True, False, False]
     resp = np.array([0, 1, 3, 2, 0, 7, 3, 1])  # a b\n c . a \n\n c b\n
@@ -58,6 +70,10 @@ def test_boundary_table_and_cuts():
     resp = np.array([0, 2, 4, 0, 2, 3, 6, 1, 5, 7, 3])
     assert cut_lengths(resp, sentences, "sentence", 0, 100).tolist() == [2, 8, 9, 10]
     assert cut_lengths(resp, sentences, "sentence", 0, 8).tolist() == [2, 8]
+    assert cut_lengths(np.array([0, 8, 0, 3]), sentences, "sentence", 0, 100).tolist() == [2]  # "a. ac": the mark's own space
+    # SentencePiece: the space that opens "The" is only in its token string; "5" after "." is a decimal
+    pieces = boundary_table(_PieceTok(), 5, "sentence")
+    assert cut_lengths(np.array([0, 1, 2, 1, 3, 1, 2]), pieces, "sentence", 0, 100).tolist() == [2, 6]
     assert cut_lengths(resp, lines, "tokens", 3, 100).tolist() == [3, 6, 9]
     for c in range(0, 9):
         lengths = np.arange(1, c + 1) * 3

@@ -32,9 +32,10 @@ def main(argv=None) -> int:
               f"{r['never_solved_share']:.3f} |")
     if train:
         later = train[1:] or train
-        phases = {k: float(np.mean([r.get(f"time_{k}_s", 0.0) for r in later]))
-                  for k in ("sample", "reward", "revise", "update", "other")}
+        phases = {k: float(np.mean([r.get(f"time_{k}_s", 0.0) for r in later])) for k in ("sample", "reward", "revise",
+                                                                                         "update")}
         total = float(np.mean([r["time_step_s"] for r in later]))
+        phases["other"] = total - sum(phases.values())  # recomputed: older records counted revise in time_other_s
         print(f"\nstep time (mean over steps 2..{train[-1]['step']}): {total:.2f} s = "
               + ", ".join(f"{k} {v:.2f} s ({v / total:.0%})" for k, v in phases.items()))
         positions = [r["update_positions_per_s"] for r in later if "update_positions_per_s" in r]
