@@ -108,7 +108,8 @@ class _Stub:
         met = np.stack([self.scores >= 0.5, self.scores >= 1.0], axis=1)
         return Rollouts(plan, out, self.scores.copy(), tuple(f"rev {i}" for i in range(plan.rows)), met)
 
-    def logprobs(self, out):
+    def logprobs(self, out, *, min_rows=0):
+        self.min_rows = min_rows
         return np.full(out.tokens.shape, -2.0, np.float32)
 
 
@@ -150,6 +151,7 @@ def test_revise_replaces_with_revisions_and_gives_the_bonus(train_on):
     if train_on == "original":
         assert o.tokens[g0, :o.prompt_len[g0]].tolist() == setup.prompts[0]
         assert (o.logprobs[g0, resp] == -2.0).all()  # teacher-forced under the original prompt
+        assert stub.min_rows == 4  # the pass is padded to the most rows a step moves (3 prompts x 1), bucketed
     else:
         assert o.tokens[g0, :o.prompt_len[g0]].tolist() == contexts[0]
         assert (o.logprobs[g0, resp] == -0.5).all()  # the sampler's
@@ -256,11 +258,12 @@ def test_teacher_logprobs_equal_a_plain_forward_of_the_moved_rows(tmp_path):
     from jaxrl_llm.train.loop import Run
 
     run = Run(_tiny_cfg(tmp_path), log=lambda *a: None)
-    assert run.teacher_rows == 4 and run.rows == 64
+    assert run.rows == 64
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, 60, size=n).tolist() for n in (5, 9, 3)]
     out = _out(prompts, [rng.integers(3, 60, size=n).tolist() for n in (4, 2, 6)], [1.0, 0.7, 1.3])
-    got = run.teacher_logprobs(out)
+    got = run.teacher_logprobs(out, min_rows=4)
+    assert set(run._logprobs) == {4}  # one pass of 4 rows, not the step's 64
     model = nnx.merge(run.policy.graphdef, run.state.params)
     want = np.asarray(rows_logp(model, jnp.asarray(out.tokens), jnp.asarray(out.temperature)))
     assert got.shape == out.tokens.shape and (got[:, 0] == 0).all()

@@ -37,7 +37,8 @@ KEY_PHASE = {name: 16 + i for i, name in enumerate(ORDER)}
 # log-probs [N, L] of out's tokens (a teacher-forced pass, e.g. after SampleOutput.with_prompts)
 SampleFn = Callable[..., SampleOutput]
 ScoreFn = Callable[[RowPlan, SampleOutput], Rollouts]
-LogprobFn = Callable[[SampleOutput], np.ndarray]
+# (out, *, min_rows=0): the current policy's log-probs of out's tokens, the pass padded to min_rows rows
+LogprobFn = Callable[..., np.ndarray]
 
 
 @dataclasses.dataclass(frozen=True)

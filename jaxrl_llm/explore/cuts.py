@@ -6,8 +6,9 @@ after a '.', '!' or '?' followed by whitespace: inside the same token (". "), or
 first character (so "3.5" and "e.g.x" are not cut). With 'tokens' every `every` tokens is a boundary
 instead. `cut_lengths` lists the prefix lengths a response offers (a cut right after a boundary,
 shorter than the response and at most `max_len`); `keep_best` keeps `k` of them by their score (the
-states' priors, ALGORITHMS.md §3), and among cuts of equal score `spread` keeps them spread over the response, the shortest and the
-longest first, so a state and a longer state of the same response can be compared (backtracking).
+states' priors, ALGORITHMS.md §3), and among cuts of equal score `spread` keeps them spread over the
+response, the shortest and the longest first, so a state and a longer state of the same response can
+be compared (backtracking).
 """
 
 from __future__ import annotations

@@ -102,6 +102,7 @@ class HeRL(Explorer):
         self.setup = setup
         self.guided_rows = c.candidate_limit * c.num_guided
         self.extra = setup.prompts_per_step * c.replace_top_n
+        self.moved_rows = min(setup.rows, bucket(self.extra))  # the teacher-forced pass's one row count
         # the longest revise prompt: the question and every rubric item listed, plus a draft of a full response
         longest = max((len(setup.encode(self._revise_text(i, np.ones(self._num_items(i), bool), "")))
                        for i in range(setup.num_items)), default=0)
@@ -188,7 +189,7 @@ class HeRL(Explorer):
                 moved = new.out.with_prompts([self.setup.prompts[int(p)] for p in new.plan.prompt])
                 if logprobs is None:
                     raise ValueError("HeRL train_on=original needs the trainer's log-prob pass")
-                lp = np.asarray(logprobs(moved), np.float32)
+                lp = np.asarray(logprobs(moved, min_rows=self.moved_rows), np.float32)
                 moved = dataclasses.replace(moved, logprobs=np.where(moved.response_mask, lp, 0.0).astype(np.float32))
                 new = dataclasses.replace(new, out=moved)
             result = result.replace_rows(np.asarray(victims), new)

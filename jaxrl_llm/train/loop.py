@@ -147,10 +147,8 @@ class Run:
         if self.explorers.prefix_tokens() or self.explorers.context_tokens():
             self.min_context = bucket(max(longest + self.explorers.prefix_tokens(), self.explorers.context_tokens()),
                                       16)
-        # teacher-forced log-probs of rows moved under another context (HeRL train_on=original): one shape, as
-        # many rows as a step can move (a revision per failed group and replace_top_n), not the step's N
+        # teacher-forced log-probs of rows moved under another context (HeRL train_on=original): one width
         self.logprob_width = bucket(longest + cfg.rollout.max_new_tokens, 16)
-        self.teacher_rows = min(self.rows, bucket(cfg.rollout.prompts_per_step * cfg.explore.herl.replace_top_n))
         judged = [it.uid for it, _ in self.train_items + eval_items
                   if it.rubric and judge_items(rubric_items(it.rubric))]
         if judged and not cfg.reward.judge:
@@ -284,11 +282,11 @@ class Run:
                                                  self.state.params, self.mesh, rows)
         return self._logprobs[rows]
 
-    def teacher_logprobs(self, out) -> np.ndarray:
-        """The current policy's tempered log-probs [n, L] of out's tokens (rows padded to the most a step
-        moves and the buffer to one width, so the pass compiles once)."""
+    def teacher_logprobs(self, out, *, min_rows: int = 0) -> np.ndarray:
+        """The current policy's tempered log-probs [n, L] of out's tokens (rows padded to the caller's
+        `min_rows`, as the sampler's, and the buffer to one width, so the pass compiles once)."""
         n, width = out.rows, out.tokens.shape[1]
-        rows, w = max(self.teacher_rows, n), max(self.logprob_width, width)
+        rows, w = max(min_rows, n), max(self.logprob_width, width)
         tokens = np.full((rows, w), out.pad_id, np.int32)
         tokens[:n, :width] = out.tokens
         temps = np.ones(rows, np.float32)
