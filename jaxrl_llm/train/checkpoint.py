@@ -4,7 +4,13 @@ Keep-N, asynchronous saves, restore straight into the live arrays' sharded layou
 
 Restore walks back from the newest checkpoint: one that cannot be read (truncated or missing files)
 is named, moved aside into `<directory>.damaged/`, and the next older one is tried, so keep-N
-protects a run against a save cut short by a crash."""
+protects a run against a save cut short by a crash.
+
+A save first checks free disk: the new checkpoint is written before keep-N deletes the oldest, so a
+full disk would cut the save short (ENOSPC). When the file system has less room than the newest
+checkpoint takes, the oldest kept ones are deleted early (never the newest); when even that is not
+enough, the save is refused with the figures before anything is written, and the run ends with its
+newest checkpoint intact (rerun the same command once there is room)."""
 
 from __future__ import annotations
 
@@ -26,9 +32,14 @@ class CheckpointDamagedError(ValueError):
     pass
 
 
+class CheckpointSpaceError(ValueError):
+    pass
+
+
 class Checkpointer:
-    def __init__(self, directory: Path, *, keep: int = 3, async_save: bool = True):
+    def __init__(self, directory: Path, *, keep: int = 3, async_save: bool = True, log=print):
         self.directory = Path(directory).absolute()
+        self.keep, self.log = keep, log
         self.manager = ocp.CheckpointManager(
             self.directory, item_names=("arrays", "registry"),
             options=ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save))
@@ -42,11 +53,38 @@ class Checkpointer:
         self.manager.wait_until_finished()
         if step in self.manager.all_steps():
             self.manager.delete(step)
+        self._make_room(arrays)
         registry = {**registry, "array_items": sorted(arrays)}
         self.manager.save(step, args=ocp.args.Composite(arrays=ocp.args.StandardSave(arrays),
                                                         registry=ocp.args.JsonSave(registry)))
         if wait:
             self.manager.wait_until_finished()
+
+    def _bytes_needed(self, arrays: dict) -> int:
+        """A checkpoint's size: the newest one's on disk, or the arrays' bytes before the first; 5 % and 1 MiB spare."""
+        latest = self.manager.latest_step()
+        folder = self.directory / str(latest)
+        if latest is not None and folder.is_dir():
+            size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+        else:
+            size = sum(int(x.nbytes) for x in jax.tree.leaves(arrays))
+        return int(size * 1.05) + (1 << 20)
+
+    def _make_room(self, arrays: dict) -> None:
+        need = self._bytes_needed(arrays)
+        while hosts.any_process(free_bytes(self.directory) < need):  # every process decides the same
+            kept = sorted(self.manager.all_steps())
+            free = free_bytes(self.directory)
+            if len(kept) <= 1:
+                raise CheckpointSpaceError(
+                    f"{self.directory}: a checkpoint needs about {_gib(need)} and the disk has {_gib(free)} free"
+                    + (f" with only the newest checkpoint ({kept[0]}) left, which is kept" if kept else "")
+                    + "; nothing was written. Free some space (or lower train.keep_checkpoints) and run the same "
+                      "command again to resume")
+            self.log(f"checkpoints: {_gib(free)} free on disk, a checkpoint needs about {_gib(need)}: deleting the "
+                     f"oldest kept one ({self.directory}/{kept[0]}) before the save instead of after it "
+                     f"(train.keep_checkpoints={self.keep})")
+            self.manager.delete(kept[0])
 
     def _restore_one(self, step: int, arrays_like: Callable[[dict], dict], model_signature: dict):
         try:
@@ -103,6 +141,18 @@ class Checkpointer:
     def close(self) -> None:
         self.manager.wait_until_finished()
         self.manager.close()
+
+
+def free_bytes(directory: Path) -> int:
+    """Free bytes on the file system that holds `directory` (or its nearest existing parent)."""
+    path = Path(directory)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
 
 
 def _first_line(e: Exception) -> str:

@@ -174,10 +174,9 @@ class Run:
         self.state = TrainState(params=params, opt_state=init_optimizer(first_opt, params, self.mesh),
                                 explore=explore_state, seed=cfg.train.seed)
         self.root = self.state.root()
-        self.ckpt = Checkpointer(self.out_dir / "checkpoints", keep=cfg.train.keep_checkpoints,
-                                 async_save=cfg.train.async_checkpoint)
-        self.sft_ckpt = Checkpointer(self.out_dir / "sft_checkpoints", keep=cfg.train.keep_checkpoints,
-                                     async_save=cfg.train.async_checkpoint)
+        self.ckpt, self.sft_ckpt = (Checkpointer(self.out_dir / name, keep=cfg.train.keep_checkpoints, log=self.log,
+                                                 async_save=cfg.train.async_checkpoint)
+                                    for name in ("checkpoints", "sft_checkpoints"))
 
     def _maintenance_url(self) -> str:
         return maintenance_url(self.cfg.train.maintenance_url, self.mesh.devices.flat[0].platform)
