@@ -3,8 +3,8 @@
 # process per host (JAXRL_COORDINATOR_ADDRESS = the first host, JAXRL_NUM_PROCESSES, JAXRL_PROCESS_ID:
 # jaxrl_llm/parallel/distributed.py), stream the first host's log, and restart the run from its checkpoint
 # whenever it stops for preemption (exit 75). Ctrl-C / SIGTERM stop every host cleanly (each saves).
-# The hosts need passwordless ssh and a shared or identical train.out_dir path. The trainer refuses more
-# than one process until the multi-host data path lands (README, "Scale-out"); --dry-run shows the plan.
+# The hosts need passwordless ssh and a shared or identical train.out_dir path (README, "Scale-out": how a
+# step runs on several processes); --dry-run shows the plan.
 #
 #   bash tools/launch_gpu_multinode.sh --hosts gpu0,gpu1 [--port 8476] [--dir jaxrl_llm] [--dry-run] \
 #        -- CONFIG [a.b=value ...]

@@ -4,7 +4,7 @@
 # Ctrl-C / SIGTERM stop it cleanly: the trainer saves and the script exits (run it again to resume).
 #
 #   bash tools/launch_gpu_node.sh [--gpus 0,1,2,3] [--dry-run] -- CONFIG [a.b=value ...]
-#   bash tools/launch_gpu_node.sh --dry-run -- configs/gpu_8x80gb_qwen2.5_1.5b.yaml
+#   bash tools/launch_gpu_node.sh --dry-run -- configs/gpu_8x_qwen2.5_7b.yaml
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/launch_lib.sh
