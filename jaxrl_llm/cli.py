@@ -74,12 +74,11 @@ def _cmd_sft(args) -> int:
 def _cmd_eval(args) -> int:
     import json
 
-    from jaxrl_llm.rewards.pool import RewardPool
     from jaxrl_llm.train.loop import Run
 
     run = Run(_load_cfg(args, ["train.tensorboard=false"]), log=lambda m: print(m, file=sys.stderr))
     run.try_resume()
-    with RewardPool(run.cfg.reward.workers, run.cfg.reward.timeout_s) as pool:
+    with run.reward_pool() as pool:
         result = run.evaluate(pool)
     run.ckpt.close()
     print(json.dumps({"step": run.state.step, "split": run.cfg.eval.split, **result}, indent=2))

@@ -50,6 +50,24 @@ def test_pool_survives_hangs_and_errors():
         assert pool.map([("ok",)] * 4) == [1.0] * 4  # replaced workers serve the next batch
 
 
+def test_a_workers_start_is_not_timed_against_its_first_items():
+    """Workers take 2 s to start (their scorer's module imports slowly) and items have 0.5 s each: every item
+    scores. Timing the start against the first item once made each fresh worker time out, and each replaced
+    worker start over: every item scored 0."""
+    import importlib
+
+    fn = importlib.import_module("slow_start_scorer").quick
+    with RewardPool(workers=2, timeout_s=0.5, fn=fn) as pool:
+        assert pool.map([(i,) for i in range(6)]) == [float(i) for i in range(6)]
+        assert pool.stats.timeouts == 0 and pool.stats.errors == 0
+
+
+def test_a_scorer_that_cannot_be_prepared_stops_the_pool_with_its_name():
+    with RewardPool(workers=1, timeout_s=5.0, scorers=["reasoning_gym:no_such_dataset"]) as pool:
+        with pytest.raises(RuntimeError, match=r"reasoning_gym:no_such_dataset.*not registered"):
+            pool.map([("exact", "1", "", "1", "raw")])
+
+
 def test_gsm_symbolic_keeps_the_minus_sign():
     import json
     import reasoning_gym

@@ -54,7 +54,7 @@ def test_pool_grades_rubrics_beside_answer_tasks(tmp_path):
     items = [rub, plain]
     texts = ["a cat sat", "one, two, three, four, five, six", "", "the answer is 2", "3"]
     row_item = np.array([0, 0, 0, 1, 1])
-    with RewardPool(1, 10.0) as pool:
+    with RewardPool(1, 10.0, scorers=[it.scorer for it in items]) as pool:  # if-verifiable loaded before timing
         rewards, met = score_rows(pool, cfg, items, texts, row_item)
         assert pool.stats.errors == 0
         np.testing.assert_allclose(rewards, [1.0, 0.0, 0.0, 1.0, 0.0])  # weights 1, 3, 0: (1 + 3) / 4, then 0
@@ -65,7 +65,7 @@ def test_pool_grades_rubrics_beside_answer_tasks(tmp_path):
         # answer tasks alone: no items-met matrix
         assert score_rows(pool, cfg, items, ["2"], np.array([1]))[1] is None
     broken = dataclasses.replace(rub, entry_json="not json")
-    with RewardPool(1, 10.0) as pool:
+    with RewardPool(1, 10.0, scorers=["rubric", "exact"]) as pool:
         rewards, met = score_rows(pool, cfg, [broken, plain], ["x", "2"], np.array([0, 1]))
         assert pool.stats.errors == 1 and rewards.tolist() == [0.0, 1.0] and not met.any()
 
@@ -84,7 +84,7 @@ def test_judge_items_are_decided_by_the_judge_and_refused_without_one(tmp_path):
         return ["Verdict: [1, 0]" if "a cat" in p else "no idea" for p in prompts]
 
     judge = Judge(generate)
-    with RewardPool(1, 10.0) as pool:
+    with RewardPool(1, 10.0, scorers=["rubric"]) as pool:
         rewards, met = score_rows(pool, cfg, items, ["a cat sat", "one, two"], np.array([0, 0]), judge)
         # row 0: no comma, 3 words, cat, judged kind yes / calm no: (1 + 3 + 0 + 4) / 10; row 1: a comma, 2 words,
         # and the judge answers nothing usable twice: its items score 0 and count as a parse failure: 3 / 10

@@ -72,7 +72,6 @@ def bench(cfg, repeats: int, log=print, unshared_micro_batch: int | None = None)
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from jaxrl_llm.rewards.pool import RewardPool
     from jaxrl_llm.rl.update import batch_shardings, init_optimizer, make_update, shardings_of, update_fn
     from jaxrl_llm.sampling.sampler import Sampler
     from jaxrl_llm.train.loop import PHASE_ROLLOUT, Run, _coefs, minibatch, rl_update_spec
@@ -90,7 +89,7 @@ def bench(cfg, repeats: int, log=print, unshared_micro_batch: int | None = None)
     idx = np.arange(per_minibatch)
     out: dict = {"config": cfg.train.out_dir, "rows": run.rows, "matmul_gflops": matmul_gflops()}
     tokens_seen = None
-    with RewardPool(cfg.reward.workers, cfg.reward.timeout_s) as pool:
+    with run.reward_pool() as pool:
         for shared in (True, False):
             name = "shared" if shared else "unshared"
             sampler = Sampler(graphdef, pad_id=run.sampler.pad_id, stop_ids=run.sampler.stop_ids,

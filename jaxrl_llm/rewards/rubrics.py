@@ -184,6 +184,16 @@ def _checker_classes() -> dict[str, type]:
     return {**ifeval_ids, **ifbench_ids}
 
 
+def prepare_checks() -> None:
+    """Load if-verifiable's checkers, the sentence splitter's model and langdetect's language profiles
+    (what the first check of a fresh worker would otherwise load inside its time limit)."""
+    from langdetect.detector_factory import init_factory
+
+    _checker_classes()
+    _sentence_splitter()
+    init_factory()
+
+
 def ifeval_ids() -> tuple[str, ...]:
     """Instruction ids usable as "ifeval:<id>" (every if-verifiable id except LEFT_OUT)."""
     return tuple(sorted(k for k in _checker_classes() if k not in LEFT_OUT))

@@ -53,6 +53,25 @@ def _math_verify(gold: str, extracted: str) -> float:
     return float(bool(verify(parse(f"${gold}$"), parse(f"${extracted}$"))))
 
 
+def prepare(scorers) -> None:
+    """Import and load what `scorers` (TaskItem.scorer names) need, so a worker's first item costs no more
+    than its others: rubric checkers (if-verifiable, nupunkt's sentence model, langdetect's profiles),
+    math-verify, reasoning-gym's scorer of each data set named."""
+    scorers = set(scorers)
+    if "rubric" in scorers:
+        from jaxrl_llm.rewards.rubrics import prepare_checks
+
+        prepare_checks()
+    gym = {s.split(":", 1)[1] for s in scorers if s.startswith("reasoning_gym:")}
+    if "math" in scorers or gym & _MATH_VERIFY_INSTEAD:
+        _math_verify("1", "1")
+    if gym - _MATH_VERIFY_INSTEAD:
+        import reasoning_gym
+
+        for name in gym - _MATH_VERIFY_INSTEAD:
+            reasoning_gym.get_score_answer_fn(name)
+
+
 def score(scorer: str, answer: str, entry_json: str, response: str, fmt: str) -> float | tuple[float, list[int]]:
     """The reward of `response`; rubric tasks (scorer "rubric", entry_json the rubric) give (reward, items met)
     and grade the whole response (no answer extraction)."""
