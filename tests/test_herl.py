@@ -270,20 +270,13 @@ def test_teacher_logprobs_equal_a_plain_forward_of_the_moved_rows(tmp_path):
     np.testing.assert_allclose(got[:, 1:], want, rtol=0, atol=2e-5)
 
 
-def test_herl_in_the_trainer_keeps_revisions_and_compiles_nothing_after_warmup(tmp_path):
-    """The tiny model on rubric tasks it mostly fails, the policy judging the 'judge' items: every
-    step revises the failed groups' best responses through the real sampler (under a short template),
-    scores them against the original rubrics, keeps some, recomputes their log-probs under the
-    original prompt, and trains them with the hindsight loss; the step's programs are all compiled by
-    step 2 (the judge's greedy calls included)."""
+def _herl_trainer_cfg(tmp_path, *overrides):
+    """The tiny model on rubric tasks it mostly fails, HeRL on, the policy judging the 'judge' items."""
     import sys
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from test_e3 import _compilations
-    from test_trainer import _tiny_cfg, _train_rows
-
-    from jaxrl_llm.train.loop import Run
+    from test_trainer import _tiny_cfg
 
     rows = [{"question": f"Q{i}", "rubric": [
         {"description": "a", "weight": 1, "check": "py:contains_all", "args": {"keywords": ["a"]}},
@@ -291,19 +284,32 @@ def test_herl_in_the_trainer_keeps_revisions_and_compiles_nothing_after_warmup(t
         {"description": "kind", "weight": 1, "check": "judge"}]} for i in range(8)]
     data = tmp_path / "rubric.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = _tiny_cfg(tmp_path, f"data.path={data}", "rollout.group_size=8",
-                    "rollout.max_new_tokens=4", "algo.micro_batch=32", "explore.herl.enabled=true",
-                    "explore.herl.candidate_limit=4", "explore.herl.replace_top_n=2",
-                    "explore.herl.revise_template='Q {question} D {draft} M {met} U {unmet}'",
-                    "train.steps=5", "train.checkpoint_every=100", "eval.every=100",
-                    # the policy judges the 'judge' item (a random model never answers in JSON: parse failures)
-                    "reward.judge=policy", "reward.judge_max_new_tokens=4",
-                    "model.scratch={hidden_size: 32, intermediate_size: 64, num_layers: 1, num_heads: 2, "
-                    "num_kv_heads: 1, head_dim: 16, max_position_embeddings: 1024, tie_embeddings: true}")
+    return _tiny_cfg(tmp_path, f"data.path={data}", "rollout.group_size=8",
+                     "rollout.max_new_tokens=4", "algo.micro_batch=32", "explore.herl.enabled=true",
+                     "explore.herl.candidate_limit=4", "explore.herl.replace_top_n=2",
+                     "explore.herl.revise_template='Q {question} D {draft} M {met} U {unmet}'",
+                     "train.steps=5", "train.checkpoint_every=100", "eval.every=100",
+                     # the policy judges the 'judge' item (a random model never answers in JSON: parse failures)
+                     "reward.judge=policy", "reward.judge_max_new_tokens=4",
+                     "model.scratch={hidden_size: 32, intermediate_size: 64, num_layers: 1, num_heads: 2, "
+                     "num_kv_heads: 1, head_dim: 16, max_position_embeddings: 1024, tie_embeddings: true}", *overrides)
+
+
+def test_herl_in_the_trainer_keeps_revisions_and_compiles_nothing_after_warmup(tmp_path):
+    """Every step revises the failed groups' best responses through the real sampler (under a short
+    template), scores them against the original rubrics, keeps some, recomputes their log-probs under the
+    original prompt, and trains them with the hindsight loss; the step's programs are all compiled by
+    step 2 (the judge's greedy calls included)."""
+    from test_e3 import _compilations
+    from test_trainer import _train_rows
+
+    from jaxrl_llm.train.loop import Run
+
+    cfg = _herl_trainer_cfg(tmp_path)
     Run(cfg, log=lambda *a: None).train()
     # and an empty held-out set (every eval question also a training one) summarises without failing
     logs = []
-    Run(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, eval_path=str(data)),
+    Run(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, eval_path=cfg.data.path),
                             train=dataclasses.replace(cfg.train, steps=0, out_dir=str(tmp_path / "empty"))),
         log=logs.append).train()
     assert any("no held-out problems were evaluated" in ln for ln in logs), logs
@@ -324,3 +330,29 @@ def test_herl_in_the_trainer_keeps_revisions_and_compiles_nothing_after_warmup(t
     Run(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=6)), log=lambda *a: None).train()
     got = _train_rows(cfg.train.out_dir)
     assert sorted(got) == [1, 2, 3, 4, 5, 6] and got[6]["herl_revisions"] == got[6]["herl_candidates"] >= 1
+
+
+def test_herl_trained_under_the_revise_prompt_compiles_nothing_after_warmup(tmp_path):
+    """train_on=revise_prompt: kept revisions train under their revise prompts, so the update's context
+    bucket holds the longest revise prompt for the whole run (one program), while the step's rows and
+    held-out tasks are still sampled with their prompts' own prefill (the revise prompts go through
+    HeRL's own sampler call; padding every prompt to the revise prompt's length once gave SmolLM2 runs
+    a KV cache of 0.97 GiB instead of 0.37 and slower sampling and evaluation)."""
+    from test_e3 import _compilations
+    from test_trainer import _train_rows
+
+    from jaxrl_llm.sampling.buckets import bucket
+    from jaxrl_llm.train.loop import Run
+
+    cfg = _herl_trainer_cfg(tmp_path, "explore.herl.train_on=revise_prompt", "train.steps=3")
+    run = Run(cfg, log=lambda *a: None)
+    longest = max(len(ids) for _, ids in run.train_items)
+    herl = run.explorers.explorers[0]
+    assert run.min_context == herl.guided_context > bucket(longest, 16)
+    assert run.sampler.shapes(run.rows, longest, 4)[1] == bucket(longest, 16)
+    run.train()
+    got = _train_rows(cfg.train.out_dir)
+    assert sum(got[s]["herl_kept"] for s in got) >= 1, got
+    assert all(got[s]["herl_revisions"] == got[s]["herl_candidates"] >= 1 for s in got), got
+    counts = _compilations(cfg.train.out_dir)
+    assert counts[1:] == [counts[1]] * (len(counts) - 1), counts

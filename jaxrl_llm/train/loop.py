@@ -139,14 +139,13 @@ class Run:
                            encode=lambda text: encode_text(tok, cfg, text))
         explore_state = self._global(self.explorers.init(self.setup))
         self.min_group = self.explorers.min_group_size(cfg.rollout.group_size)  # after init: sized by the run
-        # explorers that add contexts (RRL's prompt + prefix) get one context length and count bucket for the
-        # whole run in sampling and in the update, so their varying rows compile nothing after warm-up
+        # explorers that add contexts get one context length and count bucket for the whole run, so their rows
+        # compile nothing after warm-up: sampling's for RRL's prompt + prefix, the update's also HeRL's revise prompts
         self.extra_contexts = self.explorers.extra_contexts()
-        self.min_context = 16
         longest = max(len(ids) for _, ids in self.train_items + eval_items)
-        if self.explorers.prefix_tokens() or self.explorers.context_tokens():
-            self.min_context = bucket(max(longest + self.explorers.prefix_tokens(), self.explorers.context_tokens()),
-                                      16)
+        prefix, own = self.explorers.prefix_tokens(), self.explorers.context_tokens()
+        self.sample_context = bucket(longest + prefix, 16) if prefix else 16
+        self.min_context = bucket(max(longest + prefix, own), 16) if prefix or own else 16
         # teacher-forced log-probs of rows moved under another context (HeRL train_on=original): one width
         self.logprob_width = bucket(longest + cfg.rollout.max_new_tokens, 16)
         judged = [it.uid for it, _ in self.train_items + eval_items
@@ -165,7 +164,7 @@ class Run:
             self.judge = Judge(load_judge(cfg.reward.judge, cfg.reward.judge_max_new_tokens, self.mesh, self.rows))
         self.sampler = Sampler(self.policy.graphdef, pad_id=pad_id(tok), stop_ids=stop_ids(tok, model_cfg.eos_token_ids),
                                max_cache_len=model_cfg.max_position_embeddings, mesh=self.mesh,
-                               share_prefill=cfg.rollout.shared_prefix, min_context=self.min_context,
+                               share_prefill=cfg.rollout.shared_prefix, min_context=self.sample_context,
                                min_unique=cfg.rollout.prompts_per_step + self.extra_contexts
                                if self.extra_contexts else 1)
         # before the optimizer state, the sampler's cache or any step takes memory: refuse what cannot fit
@@ -178,13 +177,16 @@ class Run:
                                                  async_save=cfg.train.async_checkpoint)
                                     for name in ("checkpoints", "sft_checkpoints"))
 
+    def reward_pool(self) -> RewardPool:  # its workers load this run's tasks' scorers before the first item is timed
+        scorers = {it.scorer for it, _ in self.train_items + self.eval_items}
+        return RewardPool(self.cfg.reward.workers, self.cfg.reward.timeout_s, scorers=scorers)
+
     def _maintenance_url(self) -> str:
         return maintenance_url(self.cfg.train.maintenance_url, self.mesh.devices.flat[0].platform)
 
     def _global(self, tree):
-        """Explorer state as arrays over the whole mesh on a multi-host run: every process holds the same
-        values (computed from the same global rollouts), and orbax saves global arrays; arrays already
-        laid out over the mesh (RRL's replay array) stay as they are. One process: unchanged."""
+        """Explorer state as arrays over the whole mesh on a multi-host run (every process holds the same values,
+        and orbax saves global arrays); ones already laid out over the mesh (RRL's replay array) stay as they are."""
         if hosts.count() == 1:
             return tree
         everywhere = NamedSharding(self.mesh, PartitionSpec())
@@ -414,7 +416,7 @@ class Run:
         writer = MetricsWriter(self.out_dir, tensorboard=cfg.train.tensorboard, keep_rows=st.metrics_rows)
         last_eval: dict = {}
         saved = ""
-        with RewardPool(cfg.reward.workers, cfg.reward.timeout_s) as pool, StopFlag(self._maintenance_url(), self.log) as stop:
+        with self.reward_pool() as pool, StopFlag(self._maintenance_url(), self.log) as stop:
             if st.stage == "start" and cfg.sft.steps > 0:
                 self._eval(writer, pool, "eval_before_sft", "before SFT")
                 st.stage = "sft"
