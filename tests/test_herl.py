@@ -126,6 +126,7 @@ def test_revise_replaces_with_revisions_and_gives_the_bonus(train_on):
     plan, contexts, shape = stub.calls[0]
     assert plan.prompt.tolist() == [0, 2, 0, 2, 2, 2] and plan.hindsight.all()
     assert np.allclose(plan.temperature, 0.3) and shape == {"min_rows": 8, "min_context": herl.guided_context}
+    assert herl.sampling_calls() == [(8, herl.guided_context)]  # what the memory plan sizes the KV cache for
     want = herl._revise_text(0, np.array([True, False]), "draft 1")
     assert contexts[0] == _encode(want) and "Question 0\nBe brief." in want and "draft 1" in want
     assert "- Say A." in want.split("It does not")[0] and "- Say B." in want.split("It does not")[1]

@@ -103,6 +103,13 @@ def test_kv_cache_is_the_samplers_cache_by_brute_force():
     contexts = jax.eval_shape(lambda: KVCache.zeros(mc, 4, prefill))
     total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves((full, contexts)))
     assert kv_cache_bytes(cfg, mc, mesh) == total // 8
+    # an explorer's own call (HeRL's revisions: 16 rows at a 300-token context, each its own) larger than the
+    # step's: the cache is that call's, by the same brute force; a smaller one changes nothing
+    rows, prefill, slots = sampler.shapes(16, 300, 64)
+    guided = jax.eval_shape(lambda: (KVCache.zeros(mc, rows, slots), KVCache.zeros(mc, rows, prefill)))
+    big = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(guided))
+    assert big > total and kv_cache_bytes(cfg, mc, mesh, calls=[(16, 300), (4, 20)]) == big // 8
+    assert kv_cache_bytes(cfg, mc, mesh, calls=[(4, 20)]) == total // 8
 
 
 def test_a_config_that_cannot_fit_is_refused_with_settings_that_fit():

@@ -94,6 +94,11 @@ class Explorer:
         """Longest context of its own (not a training prompt) this explorer has rows trained under (0: none)."""
         return 0
 
+    def sampling_calls(self) -> list[tuple[int, int]]:
+        """(rows, context length) of the largest sampler calls of its own it makes in a step, after init (the
+        memory plan sizes the sampler's KV cache for the largest call of the run)."""
+        return []
+
     def plan(self, state, plan: RowPlan, info: StepInfo) -> RowPlan:
         return plan
 
@@ -134,6 +139,9 @@ class Explorers:
 
     def context_tokens(self) -> int:
         return max([0] + [e.context_tokens() for e in self.explorers])
+
+    def sampling_calls(self) -> list[tuple[int, int]]:
+        return [call for e in self.explorers for call in e.sampling_calls()]
 
     def plan(self, states: dict, plan: RowPlan, info: dict[str, StepInfo]) -> RowPlan:
         for e in self.explorers:

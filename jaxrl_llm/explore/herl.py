@@ -95,6 +95,9 @@ class HeRL(Explorer):
     def context_tokens(self) -> int:
         return self.guided_context if self.cfg.train_on == "revise_prompt" else 0
 
+    def sampling_calls(self) -> list[tuple[int, int]]:
+        return [(self.guided_rows, self.guided_context)]  # the guided revisions, padded to these floors
+
     def init(self, setup: Setup) -> dict:
         c = self.cfg
         if setup.encode is None:

@@ -130,11 +130,12 @@ def _axis_share(mesh, rule_axes, size: int) -> int:
     return ways if ways and size % ways == 0 else 1
 
 
-def kv_cache_bytes(cfg, model_cfg, mesh, prefill: int | None = None) -> int:
+def kv_cache_bytes(cfg, model_cfg, mesh, prefill: int | None = None, calls=()) -> int:
     """The sampler's KV cache for a step's rows at their largest, per device: [rows, kv heads, slots, head dim]
     keys and values in every layer, in the sampling dtype; rows over the batch axes, kv heads over the tensor
     axis (parallel/rules.py). Prefilled contexts are cached once more before they are copied into the rows.
-    `prefill`: the context bucket (default: that of data.max_prompt_len)."""
+    `prefill`: the context bucket (default: that of data.max_prompt_len). `calls`: (rows, context length) of
+    explorers' own sampler calls (HeRL's revisions: every row its own context); the largest call counts."""
     import numpy as np
 
     from jaxrl_llm.parallel.rules import DEFAULT_RULES
@@ -149,15 +150,19 @@ def kv_cache_bytes(cfg, model_cfg, mesh, prefill: int | None = None) -> int:
     dtype = np.dtype(cfg.model.compute_dtype).itemsize  # sampling runs in the compute dtype
     kv = model_cfg.num_kv_heads // _axis_share(mesh, DEFAULT_RULES["kv_heads"], model_cfg.num_kv_heads)
     per_slot = 2 * model_cfg.num_layers * kv * model_cfg.head_dim * dtype
-    row_ways = _axis_share(mesh, DEFAULT_RULES["batch"], rows)
-    return per_slot * (rows * slots + contexts * prefill) // row_ways
+    sizes = [per_slot * (rows * slots + contexts * prefill) // _axis_share(mesh, DEFAULT_RULES["batch"], rows)]
+    for n, context in calls:  # with a floor on rows the sampler prefills one context a row
+        rows, prefill, slots = sampler.shapes(n, context, max_new)
+        sizes.append(per_slot * (rows * slots + rows * prefill) // _axis_share(mesh, DEFAULT_RULES["batch"], rows))
+    return max(sizes)
 
 
-def plan(cfg, model_cfg=None, *, update=None, prefill: int | None = None) -> MemoryPlan:
+def plan(cfg, model_cfg=None, *, update=None, prefill: int | None = None, calls=()) -> MemoryPlan:
     """The plan for `cfg` on the devices JAX finds (allocates nothing). `update`: (XLA memory analysis,
     micro-batches, rows per micro-batch) of the trainer's own update program (train/loop.py compiles it ahead
     of its first step); None compiles one here for the trainer's largest batch (bench/memory.py). `prefill`:
-    the sampler's context bucket (default: that of data.max_prompt_len)."""
+    the sampler's context bucket (default: that of data.max_prompt_len); `calls`: explorers' own sampler calls
+    (kv_cache_bytes)."""
     import jax
     import numpy as np
 
@@ -192,7 +197,7 @@ def plan(cfg, model_cfg=None, *, update=None, prefill: int | None = None) -> Mem
                       capacity=capacity, capacity_source=source, params=param_bytes, optimizer=opt_bytes,
                       reference=param_bytes if cfg.algo.kl_coef > 0 else 0, sampling_copy=copy, gradients=grads,
                       activations=max(temp - grads, 0), update_peak=peak,
-                      kv_cache=kv_cache_bytes(cfg, model_cfg, mesh, prefill), sampler_logits=logits,
+                      kv_cache=kv_cache_bytes(cfg, model_cfg, mesh, prefill, calls), sampler_logits=logits,
                       micro_batch=int(micro_rows), micro_batches=int(micro_batches),
                       remat=bool(cfg.model.remat))
 
@@ -272,4 +277,4 @@ def check_run(run, params, longest: int) -> MemoryPlan:
         spec = rl_update_spec(cfg)
         micro = (spec.micro_batches, per_update // spec.micro_batches)
     return check(cfg, log=run.log if jax.process_index() == 0 else lambda m: None, model_cfg=run.policy.model_cfg,
-                 update=(analysis, *micro), prefill=prefill)
+                 update=(analysis, *micro), prefill=prefill, calls=run.explorers.sampling_calls())
