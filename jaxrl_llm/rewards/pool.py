@@ -80,7 +80,7 @@ class RewardPool:
         try:
             _, err = self.workers[slot][1].recv()
         except EOFError:
-            kind, err = READY, "the process died while starting"
+            err = "the process died while starting"
         if err:
             raise RuntimeError(f"reward worker {slot} could not prepare the scorers {list(self.scorers)}: {err}")
         self.ready[slot] = True
