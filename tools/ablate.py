@@ -66,13 +66,23 @@ RECORD = ("config.yaml", "metrics.jsonl", DONE)  # what the archive keeps of a f
 EVAL_KS = (1, 2, 4, 8, 16)
 EVAL_COLUMNS = (("greedy_accuracy", "greedy"), ("sampled_accuracy", "sampled T=1"),
                 *((f"pass@{k}", f"pass@{k}") for k in EVAL_KS), ("never_solved_share", "never solved"),
-                ("greedy_reward_mean", "greedy reward"), ("sampled_reward_mean", "sampled reward"))
+                ("greedy_reward_mean", "greedy reward"), ("sampled_reward_mean", "sampled reward"),
+                # the same sampled figures at the run's configured rollout temperature (train/evaluate.py: an arm
+                # whose controller moves T toward 1 would otherwise gain at T=1 for that alone)
+                ("rollout_t_sampled_accuracy", "sampled T=run"),
+                *((f"rollout_t_pass@{k}", f"pass@{k} T=run") for k in EVAL_KS),
+                ("rollout_t_never_solved_share", "never solved T=run"),
+                ("rollout_t_sampled_reward_mean", "sampled reward T=run"))
 # mean rewards: shown when rewards are graded (rubric tasks, partial credit), i.e. some run's differ from its accuracy
-REWARD_COLUMNS = {"greedy_reward_mean": "greedy_accuracy", "sampled_reward_mean": "sampled_accuracy"}
+REWARD_COLUMNS = {"greedy_reward_mean": "greedy_accuracy", "sampled_reward_mean": "sampled_accuracy",
+                  "rollout_t_sampled_reward_mean": "rollout_t_sampled_accuracy"}
+# figures that records written before evaluation measured them lack: shown when some arm has them
+ROLLOUT_T_COLUMNS = {k for k, _ in EVAL_COLUMNS if k.startswith("rollout_t_")}
 # training prompts first solved by a continuation of a replayed prefix state (RRL), over the whole run
 REPLAY_COLUMNS = (("rrl_solved_first_via_replay", "solved first via replay"),)
 BUDGET_COLUMNS = REPLAY_COLUMNS + (("sampled_tokens", "sampled tokens"), ("wall_s", "wall s"), ("rl_steps", "RL steps"))
-OPTIONAL = {k for k, _ in REPLAY_COLUMNS} | {f"pass@{k}" for k in EVAL_KS} | set(REWARD_COLUMNS)  # shown when some arm has them
+# shown when some arm has them
+OPTIONAL = {k for k, _ in REPLAY_COLUMNS} | {f"pass@{k}" for k in EVAL_KS} | set(REWARD_COLUMNS) | ROLLOUT_T_COLUMNS
 COLUMNS = EVAL_COLUMNS + BUDGET_COLUMNS
 # what an explorer did over a whole run, from its train rows: (metric, label, weight): a step's count summed
 # (weight None), or a per-step rate averaged with each step weighted by its count of `weight` (NaN steps skipped)

@@ -1,5 +1,11 @@
-"""Held-out evaluation: greedy accuracy, sampled accuracy at T = 1, unbiased pass@k, mean response
-length, and the share of problems no sample solved."""
+"""Held-out evaluation: greedy accuracy, sampled accuracy, unbiased pass@k, mean response length, and
+the share of problems no sample solved.
+
+Sampled figures are measured twice: at T = 1 (`sampled_accuracy`, `pass@k`, ...) and at the run's own
+rollout temperature (the same names prefixed `rollout_t_`). A method that moves its training
+temperature toward 1 (E3's controller) would otherwise look better at T = 1 merely for training closer
+to it; comparing arms at their training temperature removes that confound. When the rollout
+temperature is 1 the second set is a copy of the first (no second sampling pass)."""
 
 from __future__ import annotations
 
@@ -41,20 +47,42 @@ def evaluate(sampler, params, pool, tok, cfg: Config, items, key: jax.Array, jud
     n = len(items)
     greedy, greedy_len, _ = sample_scored(sampler, params, pool, tok, cfg, items, np.arange(n), 0.0,
                                           jax.random.fold_in(key, 0), judge)
-    k = cfg.eval.samples
+    out = {"greedy_accuracy": float(np.mean(solved(greedy))), "greedy_reward_mean": float(np.mean(greedy)),
+           "problems": n}
+    lengths, tokens = [greedy_len], int(greedy_len.sum())
+    rollout_t = float(cfg.rollout.temperature)
+    for prefix, temperature, phase in (("", 1.0, 1), ("rollout_t_", rollout_t, 2)):
+        if prefix and rollout_t == 1.0:
+            out.update({f"{prefix}{k}": v for k, v in list(out.items()) if _is_sampled(k)})
+            break
+        figures, sampled_len = _sampled_figures(sampler, params, pool, tok, cfg, items, temperature,
+                                                jax.random.fold_in(key, phase), judge)
+        out.update({f"{prefix}{k}": v for k, v in figures.items()})
+        lengths.append(sampled_len)
+        tokens += int(sampled_len.sum())
+    out["rollout_t"] = rollout_t
+    # rubric tasks: the reward is the weighted share of items met, accuracy the share fully satisfied
+    out["response_len_mean"] = float(np.concatenate(lengths).mean())
+    out["sampled_tokens"] = tokens
+    out["time_eval_s"] = time.perf_counter() - t0
+    return out
+
+
+def _is_sampled(name: str) -> bool:
+    return name.startswith(("sampled_", "pass@", "never_solved"))
+
+
+def _sampled_figures(sampler, params, pool, tok, cfg, items, temperature, key, judge):
+    """eval.samples samples of every item at `temperature`: accuracy, mean reward, never-solved share,
+    unbiased pass@k; and the samples' lengths."""
+    n, k = len(items), cfg.eval.samples
     rows = np.repeat(np.arange(n), k)
-    sampled, sampled_len, _ = sample_scored(sampler, params, pool, tok, cfg, items, rows, 1.0,
-                                            jax.random.fold_in(key, 1), judge)
+    sampled, sampled_len, _ = sample_scored(sampler, params, pool, tok, cfg, items, rows, temperature, key, judge)
     correct = solved(sampled).reshape(n, k)
     solved_count = correct.sum(axis=1)
-    # rubric tasks: the reward is the weighted share of items met, accuracy the share fully satisfied
-    out = {"greedy_accuracy": float(np.mean(solved(greedy))), "sampled_accuracy": float(correct.mean()),
-           "greedy_reward_mean": float(np.mean(greedy)), "sampled_reward_mean": float(np.mean(sampled)),
-           "never_solved_share": float(np.mean(solved_count == 0)),
-           "response_len_mean": float(np.concatenate([greedy_len, sampled_len]).mean()), "problems": n,
-           "sampled_tokens": int(greedy_len.sum() + sampled_len.sum())}
+    out = {"sampled_accuracy": float(correct.mean()), "sampled_reward_mean": float(np.mean(sampled)),
+           "never_solved_share": float(np.mean(solved_count == 0))}
     for kk in EVAL_KS:
         if kk <= k:
             out[f"pass@{kk}"] = float(np.mean([pass_at_k(k, int(c), kk) for c in solved_count]))
-    out["time_eval_s"] = time.perf_counter() - t0
-    return out
+    return out, sampled_len
