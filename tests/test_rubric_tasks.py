@@ -1,14 +1,17 @@
 """Generated rubric tasks (seeded, held-out constraint combinations, rubrics that parse and that a compliant
-response meets) and the rubric jsonl loader."""
+response meets), the rubric jsonl loader, and rubric rows read from jsonl and parquet task files exactly."""
 
 import json
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
+from jaxrl_llm.config import load_config
 from jaxrl_llm.data.rubric_tasks import (BASE_INSTRUCTIONS, FAMILIES, combinations, load_rubric_jsonl,
                                          rubric_items)
-from jaxrl_llm.data.tasks import DataError
+from jaxrl_llm.data.tasks import DataError, load_items
 from jaxrl_llm.rewards.rubrics import IFEVAL, grade, parse_rubric
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "configs" / "data" / "rubric_example.jsonl"
@@ -137,8 +140,8 @@ GOOD = {"question": "Say hi.", "rubric": [{"description": "No commas.", "weight"
      r"'punctuation:no_comma'"),
     (json.dumps({**GOOD, "rubrics": []}), r"row 1: unknown key 'rubrics'"),
     (json.dumps({**GOOD, "answer": 47}), r"row 1: key 'answer' must be a string, got 47"),
-    ('{"question": "q", "rubric": [', r"row 1: not JSON"),
-    ("[1, 2]", r"row 1: a row must be a JSON object, got list"),
+    ('{"question": "q", "rubric": [', r"line 2: not JSON"),
+    ("[1, 2]", r"line 2: a row must be a JSON object, got list"),
 ])
 def test_loader_names_file_row_and_key(tmp_path, line, message):
     path = tmp_path / "bad.jsonl"
@@ -153,3 +156,99 @@ def test_loader_missing_or_empty_file(tmp_path):
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(DataError, match=r"empty\.jsonl: no rows"):
         load_rubric_jsonl(tmp_path / "empty.jsonl")
+
+
+# rows whose items take different args ({"keywords": [...]}, {"N": 3}, {"n": 30}) beside judge items without any
+# and a plain answer row: a parquet writer gives every row's args the union of these keys (null where absent)
+MIXED = [
+    {"question": "Name two things plants make food from.", "rubric": [
+        {"description": 'Include "sunlight" and "water".', "weight": 1, "check": "ifeval:keywords:existence",
+         "args": {"keywords": ["sunlight", "water"]}},
+        {"description": "The answer is correct.", "weight": 2, "check": "judge"}]},
+    {"question": "Name three years of the 1910s.", "answer": "1914", "reference": "1912, 1914, 1918", "rubric": [
+        {"description": "Include exactly 3 numbers.", "weight": 1, "check": "ifeval:count:numbers", "args": {"N": 3}},
+        {"description": "At most 30 words.", "weight": 0.5, "check": "py:max_words", "args": {"n": 30}},
+        {"description": "The years are in the 1910s.", "weight": 1, "check": "judge", "args": {}}]},
+    {"question": "1 + 1?", "answer": "2", "scorer": "exact"},
+]
+
+
+def _write_parquet(rows, path):
+    """As pandas or datasets would write it: one column per key of any row, null where a row lacks it."""
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    pq.write_table(pa.Table.from_pylist([{k: r.get(k) for k in keys} for r in rows]), path)
+
+
+def _expected(rows):
+    """The oracle: each row as written, rubric items through parse_rubric (no file in between)."""
+    return [(r["question"], r.get("answer", ""), r.get("reference", ""), "rubric" if "rubric" in r else r["scorer"],
+             [it.to_dict() for it in parse_rubric(r["rubric"], "t")] if "rubric" in r else None) for r in rows]
+
+
+def _loaded(path, kind):
+    items = load_items(load_config(None, [f"data.source={kind}", f"data.path={path}"]).data, "train")
+    return [(it.question, it.answer, it.reference, it.scorer, json.loads(it.rubric) if it.rubric else None)
+            for it in items]
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_rubric_rows_with_differing_args_load_exactly(tmp_path, kind):
+    path = tmp_path / f"mixed.{kind}"
+    if kind == "jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in MIXED))
+    else:
+        _write_parquet(MIXED, path)
+        # the trap is real: the file's one args type holds every row's keys
+        args_type = pq.read_schema(path).field("rubric").type.value_type.field("args").type
+        assert sorted(args_type.names) == ["N", "keywords", "n"]
+    expected = _expected(MIXED)
+    assert expected[1][4][1]["args"] == {"n": 30} and expected[0][4][1]["args"] == {}
+    assert _loaded(path, kind) == expected
+
+
+def test_example_file_reads_the_same_from_parquet(tmp_path):
+    """The shipped example (judge items without args beside ifeval and py items with their own) survives parquet."""
+    rows = [json.loads(line) for line in EXAMPLE.read_text().splitlines()]
+    _write_parquet(rows, tmp_path / "example.parquet")
+    assert _loaded(tmp_path / "example.parquet", "parquet") == _loaded(EXAMPLE, "jsonl") == _expected(
+        [{**r, "scorer": "rubric"} for r in rows])
+
+
+def test_parquet_map_args_keep_their_keys(tmp_path):
+    item = pa.struct([("description", pa.string()), ("weight", pa.float64()), ("check", pa.string()),
+                      ("args", pa.map_(pa.string(), pa.int64()))])
+    rows = [{"question": "Give tips.", "rubric": [
+                {"description": "3 bullets", "weight": 1.0, "check": "ifeval:detectable_format:number_bullet_lists",
+                 "args": {"num_bullets": 3}}]},
+            {"question": "Be brief.", "rubric": [
+                {"description": "At most 30 words.", "weight": 1.0, "check": "py:max_words", "args": {"n": 30}},
+                {"description": "Polite.", "weight": 2.0, "check": "judge", "args": {}}]}]
+    path = tmp_path / "map.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, schema=pa.schema([("question", pa.string()),
+                                                                 ("rubric", pa.list_(item))])), path)
+    assert _loaded(path, "parquet") == [(r["question"], "", "", "rubric", [it.to_dict() for it in
+                                         parse_rubric(r["rubric"], "t")]) for r in rows]
+
+
+def test_task_file_errors_name_the_file_and_line(tmp_path):
+    path = tmp_path / "broken.jsonl"
+    path.write_text(json.dumps(MIXED[2]) + "\n\n" + '{"question": "q", "answer":\n')
+    with pytest.raises(DataError, match=r"broken\.jsonl: line 3: not JSON: Expecting value \(column 28\)$"):
+        _loaded(path, "jsonl")
+    path.write_text(json.dumps(MIXED[2]) + "\n" + json.dumps(["q", "a"]) + "\n")
+    with pytest.raises(DataError, match=r"broken\.jsonl: line 2: a row must be a JSON object, got list$"):
+        _loaded(path, "jsonl")
+    path.write_bytes(b'{"question": "caf\xe9", "answer": "1"}\n')
+    with pytest.raises(DataError, match=r"broken\.jsonl: not UTF-8 text"):
+        _loaded(path, "jsonl")
+    path.write_text("\n")
+    with pytest.raises(DataError, match=r"broken\.jsonl: no rows$"):
+        _loaded(path, "jsonl")
+    with pytest.raises(DataError, match=r"nope\.parquet: no such file$"):
+        _loaded(tmp_path / "nope.parquet", "parquet")
+    whole = tmp_path / "whole.parquet"
+    _write_parquet(MIXED, whole)
+    (tmp_path / "half.parquet").write_bytes(whole.read_bytes()[:whole.stat().st_size // 2])
+    with pytest.raises(DataError, match=r"half\.parquet: could not be read as parquet: ") as err:
+        _loaded(tmp_path / "half.parquet", "parquet")
+    assert "\n" not in str(err.value)

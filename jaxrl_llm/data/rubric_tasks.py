@@ -17,12 +17,12 @@ import dataclasses
 import functools
 import hashlib
 import itertools
-import json
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
+from jaxrl_llm.data.task_files import read_rows
 from jaxrl_llm.data.tasks import DataError
 from jaxrl_llm.rewards.rubrics import IFEVAL, RubricError, parse_rubric
 
@@ -272,23 +272,12 @@ _ROW_KEYS = ("question", "rubric", "answer", "reference")
 
 
 def load_rubric_jsonl(path: str | Path) -> list[dict]:
-    """Rows {"question", "rubric", "answer"?, "reference"?} of a rubric jsonl file, every rubric validated; rows
-    are counted from 0 in errors, blank lines skipped."""
-    try:
-        lines = Path(path).read_text().splitlines()
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise DataError(f"{path}: could not be read: {e}") from e
+    """Rows {"question", "rubric", "answer"?, "reference"?} of a rubric jsonl file, every rubric validated; a row
+    that is not a JSON object is named by its line, the others by their row (counted from 0, blank lines
+    skipped)."""
     rows = []
-    for i, line in enumerate(ln for ln in lines if ln.strip()):
+    for i, row in enumerate(read_rows(path, "jsonl")):
         where = f"{path}: row {i}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{where}: not JSON: {e}") from None
-        if not isinstance(row, dict):
-            raise DataError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
         for key in row:
             if key not in _ROW_KEYS:
                 raise DataError(f"{where}: unknown key {key!r}; known: {list(_ROW_KEYS)}")
@@ -304,6 +293,4 @@ def load_rubric_jsonl(path: str | Path) -> list[dict]:
         except RubricError as e:
             raise DataError(str(e)) from None
         rows.append({**row, "rubric": [it.to_dict() for it in rubric]})
-    if not rows:
-        raise DataError(f"{path}: no rows")
     return rows

@@ -14,7 +14,7 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 
 from jaxrl_llm.model.config import ModelConfig, UnsupportedModelError
-from jaxrl_llm.model.hf_io import build_model
+from jaxrl_llm.model.hf_io import CheckpointError, build_model
 
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -123,7 +123,11 @@ def load_gguf(path: str | Path, *, mesh=None, param_dtype: str = "float32"):
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such GGUF file")
-    reader = GGUFReader(str(path))
+    try:  # a short or damaged file fails deep inside the reader (numpy reshape, mmap, index errors)
+        reader = GGUFReader(str(path))
+    except Exception as e:
+        raise CheckpointError(f"{path}: not a readable GGUF file, truncated or corrupt? ({type(e).__name__}: {e})") \
+            from None
     cfg = gguf_config(reader, source=str(path), param_dtype=param_dtype)
     arrays = gguf_hf_arrays(reader, cfg, source=str(path))
     return build_model(cfg, arrays, source=str(path), mesh=mesh), cfg

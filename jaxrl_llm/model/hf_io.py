@@ -7,7 +7,7 @@ so a large model never sits whole on one device.
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Callable, Iterable, Iterator, Mapping
 
 import jax
@@ -24,7 +24,8 @@ from jaxrl_llm.parallel.rules import DEFAULT_RULES, state_shardings
 
 
 class CheckpointError(ValueError):
-    """A checkpoint folder is missing a tensor, holds one of the wrong shape, or one we cannot place."""
+    """A checkpoint folder is missing a tensor, holds one of the wrong shape, or one we cannot place; or a
+    checkpoint file (safetensors, GGUF, shard index) cannot be read."""
 
 
 # Tensors a checkpoint may hold that transformers itself does not load: RoPE buffers some older
@@ -152,11 +153,28 @@ def build_model(cfg: ModelConfig, hf_arrays: Mapping[str, np.ndarray] | Callable
     return nnx.merge(graphdef, abstract)
 
 
+def _shard_names(index: Path) -> list[str]:
+    """The shard file names an index lists; each must name a file inside the model folder (a downloaded index
+    must not make us open ../../etc/passwd or /dev/zero)."""
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{index}: not a safetensors index with a 'weight_map' ({type(e).__name__}: {e})") \
+            from None
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(f"{index}: 'weight_map' must map tensor names to shard files, got {weight_map!r}")
+    for tensor, name in weight_map.items():
+        rel = PurePosixPath(name) if isinstance(name, str) else None
+        if rel is None or rel.is_absolute() or not rel.parts or ".." in rel.parts or "\\" in name:
+            raise CheckpointError(f"{index}: weight_map entry {tensor!r} names shard file {name!r}, which is not a "
+                                  f"file name inside the model folder")
+    return sorted(set(weight_map.values()))
+
+
 def _safetensors_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        files = [folder / n for n in names]
+        files = [folder / n for n in _shard_names(index)]
         missing = [str(f) for f in files if not f.is_file()]
         if missing:
             raise CheckpointError(f"{index}: lists shard files that do not exist: {missing}")
@@ -167,11 +185,20 @@ def _safetensors_files(folder: Path) -> list[Path]:
     return files
 
 
+def _unreadable(path: Path, e: Exception) -> CheckpointError:
+    return CheckpointError(f"{path}: not a readable safetensors file, truncated or corrupt? "
+                           f"({type(e).__name__}: {e})")
+
+
 def iter_safetensors(folder: Path) -> Iterator[tuple[str, Path]]:
     for f in _safetensors_files(folder):
-        with safe_open(str(f), framework="numpy") as fh:
-            for name in fh.keys():
-                yield name, f
+        try:  # safetensors raises its own SafetensorError (no ValueError) for a short or damaged file
+            with safe_open(str(f), framework="numpy") as fh:
+                names = list(fh.keys())
+        except Exception as e:
+            raise _unreadable(f, e) from None
+        for name in names:
+            yield name, f
 
 
 def load_hf_folder(folder: str | Path, *, mesh: Mesh | None = None, rules=DEFAULT_RULES,
@@ -183,8 +210,11 @@ def load_hf_folder(folder: str | Path, *, mesh: Mesh | None = None, rules=DEFAUL
     def fetch(name):
         if name not in where:
             return None
-        with safe_open(str(where[name]), framework="numpy") as fh:
-            return fh.get_tensor(name)
+        try:
+            with safe_open(str(where[name]), framework="numpy") as fh:
+                return fh.get_tensor(name)
+        except Exception as e:  # the file changed or was cut after its header was read
+            raise _unreadable(where[name], e) from None
 
     return build_model(cfg, fetch, source=str(folder), mesh=mesh, rules=rules, names=where), cfg
 
