@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from pathlib import Path
@@ -111,6 +112,12 @@ class OptimSection:
 class RewardSection:
     workers: int = 2
     timeout_s: float = 5.0
+    # the reward workers' sandbox (rewards/sandbox.py): address space a job may add beyond what a worker holds
+    # once its scorers are loaded (0: no limit; a loaded worker holds ~1.8 GB of mostly unused mappings), the
+    # largest file a job may write (0: none), and how often a worker that dies while starting is started again
+    memory_mb: float = 2048.0
+    file_mb: float = 0.0
+    start_retries: int = 3
     # false: a response earns 1 only when the scorer gives full marks, else 0. Some scorers give partial
     # credit (reasoning-gym: len(answer) / len(response) when the answer is a substring), which a small
     # policy can farm by writing long digit strings.
@@ -120,6 +127,10 @@ class RewardSection:
     # in the trainer's process after the pool's checks
     judge: str = ""
     judge_max_new_tokens: int = 24
+    # a judge answer without a readable verdict is asked again this many times, sampled at this temperature
+    # (the first ask is greedy; a greedy retry would repeat the same answer)
+    judge_retries: int = 1
+    judge_retry_temperature: float = 0.7
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,6 +191,10 @@ class RRLSection:
     warmup_steps: int = 2  # steps that only collect states
     continuations: int = 4  # rows sampled from each replayed state (one advantage group)
     c_ucb: float = 0.5  # exploration bonus of the priority
+    # what a state's priority scores (explore/replay.py): "uncertainty" = the variance of a continuation's success
+    # (states whose continuations will differ: the groups a group-relative estimator learns from); "value" = the
+    # Monte Carlo value (ALGORITHMS.md §3, which favours states whose continuations all succeed: zero advantage)
+    priority: str = "uncertainty"
     priority_temperature: float = 0.1  # states drawn by softmax(priority / this) without replacement; 0: top-k
     min_visits: int = 1  # backtracking compares states with at least this many continuations
     backtrack_margin: float = 0.0  # a longer prefix is demoted when a shorter one of it beats it by more
@@ -214,6 +229,14 @@ class HeRLSection:
     replace_top_n: int = 1  # revisions swapped into each failed group
     keep_best_original: bool = False  # no revision reaches the group's best: copy its best response instead
     train_on: str = "original"  # original | revise_prompt: the context a kept revision is trained under
+    # the temperature a kept revision is trained (and its old log-probs taken) at: "rollout" = its group's own
+    # sampling temperature, as the released code trains every row; "guided" = guided_temperature, the one it was
+    # sampled at (before: at 0.3 the loss's gradient on non-argmax tokens is up to 3.3x larger, imitation of
+    # revise-prompt text)
+    train_temperature: str = "rollout"
+    # which revisions may replace a group member: "better" = only those scoring strictly above the group's best;
+    # "at_least" = those, else ties at the best (ALGORITHMS.md §2 step 7: in an all-zero group, anything at all)
+    keep: str = "better"
     revise_template: str = REVISE_TEMPLATE  # fields {question}, {draft}, {met}, {unmet}
 
 
@@ -233,6 +256,13 @@ class TrainSection:
     keep_checkpoints: int = 3
     async_checkpoint: bool = True
     resume: bool = True
+    # resume=false on a folder that holds a run is refused; true: that run is first moved (never deleted) into the
+    # sibling <out_dir>.overwritten-<UTC time>/ (train/run_dir.py). Needs resume=false
+    overwrite: bool = False
+    # a resume refuses a config that differs from its checkpoint's outside the keys safe to change (steps, eval and
+    # checkpoint cadence, logging: train/run_dir.py), naming each; these comma-separated keys or sections may differ
+    # ("optim.lr,data.path"; "*": any). A changed data file at the same path is its key's change
+    accept_changes: str = ""
     export_final: bool = True
     tensorboard: bool = True
     # before anything is allocated: print the per-device memory plan (parallel/memory_plan.py) and refuse a config
@@ -242,6 +272,12 @@ class TrainSection:
     # host maintenance / preemption notices (train/stop.py): "auto" watches the GCE metadata server's
     # maintenance-event on TPU VMs, "" nothing, any other URL that URL; a notice saves and exits 75 like SIGTERM
     maintenance_url: str = "auto"
+    # multi-host runs (parallel/watchdog.py): when a step's cross-host agreement is overdue (4 x the median recent
+    # step, clamped to [floor, ceiling], at most 60 s) and a process's heartbeat has stopped, every live process
+    # names it and exits 75 (the launch scripts resume); while every process answers, the run waits up to the
+    # ceiling. ceiling 0: no watchdog
+    watchdog_floor_s: float = 30.0
+    watchdog_ceiling_s: float = 1800.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -271,7 +307,10 @@ CHOICES = {
     "data.worked": ("", "steps"),
     "explore.rrl.boundary": ("line", "sentence", "tokens"),
     "explore.rrl.prior": ("response", "steps"),
+    "explore.rrl.priority": ("uncertainty", "value"),
     "explore.herl.train_on": ("original", "revise_prompt"),
+    "explore.herl.train_temperature": ("rollout", "guided"),
+    "explore.herl.keep": ("better", "at_least"),
     "algo.advantage": ESTIMATORS,
     "algo.loss_agg": AGGREGATIONS,
     "algo.kl_estimator": KL_ESTIMATORS,
@@ -372,6 +411,17 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
     return cfg
 
 
+def _is_key(dotted: str) -> bool:
+    """Whether `dotted` names a config key or section (e.g. optim.lr, optim)."""
+    cls = Config
+    for part in dotted.split("."):
+        fields = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+        if part not in fields:
+            return False
+        cls = typing.get_type_hints(cls)[part]
+    return True
+
+
 def _validate(cfg: Config, source: str) -> None:
     def need(cond, msg):
         if not cond:
@@ -379,6 +429,20 @@ def _validate(cfg: Config, source: str) -> None:
 
     need(cfg.rollout.group_size >= 1 and cfg.rollout.prompts_per_step >= 1, "rollout sizes must be >= 1")
     need(cfg.rollout.max_new_tokens >= 1, "rollout.max_new_tokens must be >= 1")
+    rw = cfg.reward
+    need(rw.workers >= 1, f"reward.workers={rw.workers} must be >= 1 (processes that score responses)")
+    need(math.isfinite(rw.timeout_s) and rw.timeout_s > 0,
+         f"reward.timeout_s={rw.timeout_s} must be a number of seconds > 0 (each response's scoring time limit)")
+    need(math.isfinite(rw.memory_mb) and rw.memory_mb >= 0,
+         f"reward.memory_mb={rw.memory_mb} must be >= 0 (MB a reward worker may add; 0: no limit)")
+    need(math.isfinite(rw.file_mb) and rw.file_mb >= 0,
+         f"reward.file_mb={rw.file_mb} must be >= 0 (MB of the largest file a reward worker may write)")
+    need(rw.start_retries >= 0, f"reward.start_retries={rw.start_retries} must be >= 0")
+    need(rw.judge_retries >= 0 and rw.judge_max_new_tokens >= 1,
+         f"reward.judge_retries ({rw.judge_retries}) must be >= 0 and reward.judge_max_new_tokens "
+         f"({rw.judge_max_new_tokens}) >= 1")
+    need(rw.judge_retry_temperature > 0, f"reward.judge_retry_temperature={rw.judge_retry_temperature} must be > 0 "
+         "(a greedy retry repeats the answer that could not be read)")
     a = cfg.algo
     need(a.ppo_epochs >= 1 and a.minibatches >= 1 and a.micro_batch >= 1,
          f"algo.ppo_epochs ({a.ppo_epochs}), minibatches ({a.minibatches}) and micro_batch ({a.micro_batch}) "
@@ -426,6 +490,20 @@ def _validate(cfg: Config, source: str) -> None:
              "must be >= 0, min_visits >= 1")
     need(cfg.train.device_memory_gib >= 0, f"train.device_memory_gib={cfg.train.device_memory_gib} must be >= 0 "
          "(0: what the devices report)")
+    t = cfg.train
+    need(t.watchdog_ceiling_s >= 0, f"train.watchdog_ceiling_s={t.watchdog_ceiling_s} must be >= 0 (0: no watchdog)")
+    need(t.watchdog_ceiling_s == 0 or 0 < t.watchdog_floor_s <= t.watchdog_ceiling_s,
+         f"train.watchdog_floor_s={t.watchdog_floor_s} must be > 0 and <= train.watchdog_ceiling_s="
+         f"{t.watchdog_ceiling_s}")
+    need(t.maintenance_url in ("auto", "") or t.maintenance_url.startswith(("http://", "https://")),
+         f"train.maintenance_url={t.maintenance_url!r}: 'auto', '' or an http:// or https:// URL")
+    need(cfg.train.keep_checkpoints >= 1, f"train.keep_checkpoints={cfg.train.keep_checkpoints} must be >= 1 (a run "
+         "keeps at least its newest checkpoint to resume from)")
+    need(cfg.train.checkpoint_every >= 1, f"train.checkpoint_every={cfg.train.checkpoint_every} must be >= 1")
+    need(not (cfg.train.overwrite and cfg.train.resume), "train.overwrite=true starts the run over: set "
+         "train.resume=false with it")
+    for key in filter(None, (k.strip() for k in cfg.train.accept_changes.split(","))):
+        need(key == "*" or _is_key(key), f"train.accept_changes names {key!r}, which is no config key or section")
     h = cfg.explore.herl
     if h.enabled:
         need(h.candidate_limit >= 1 and h.num_guided >= 1 and h.replace_top_n >= 1,

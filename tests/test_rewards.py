@@ -1,11 +1,12 @@
 """Reward checks: extraction, reasoning-gym / math-verify scorers, and a pool that survives bad checkers."""
 
+import re
 import time
 
 import pytest
 
 from jaxrl_llm.rewards.pool import RewardPool
-from jaxrl_llm.rewards.verifiers import extract_answer, render_answer, score
+from jaxrl_llm.rewards.verifiers import OWN_SCORERS, REFUSED, extract_answer, render_answer, score
 
 
 def flaky(kind: str) -> float:
@@ -45,8 +46,9 @@ def test_pool_survives_hangs_and_errors():
         out = pool.map([("ok",), ("hang",), ("raise",), ("ok",), ("hang",), ("ok",)])
         elapsed = time.monotonic() - t0
         assert out == [1.0, 0.0, 0.0, 1.0, 0.0, 1.0]
-        assert pool.stats.timeouts == 2 and pool.stats.errors == 1 and "broken checker" in pool.stats.last_error
+        assert pool.stats.timeouts == 2 and pool.stats.errors == 1
         assert elapsed < 10
+        assert pool.map([("raise",)]) == [0.0] and "broken checker" in pool.stats.last_error
         assert pool.map([("ok",)] * 4) == [1.0] * 4  # replaced workers serve the next batch
 
 
@@ -88,3 +90,113 @@ def test_gsm_symbolic_keeps_the_minus_sign():
     assert wrong["-5 vs -5"] < 1.0 or wrong["-5 vs 5"] == 1.0, \
         f"reasoning-gym's gsm_symbolic scorer now reads negative answers ({wrong}): remove it from " \
         "verifiers._MATH_VERIFY_INSTEAD"
+
+
+# ---- answers are adversarial: no scorer runs them as code ---------------------------------------------------------
+
+def _pwned(path) -> str:
+    return f"<answer>__import__('os').system('touch {path}')</answer>"
+
+
+def _entry_json(name, seed=0):
+    import json
+    import reasoning_gym
+    entry = reasoning_gym.create_dataset(name, size=1, seed=seed)[0]
+    return entry, json.dumps(entry, default=str)
+
+
+@pytest.mark.parametrize("name", sorted(OWN_SCORERS))
+def test_a_pwned_answer_runs_nothing_through_the_pool(name, tmp_path):
+    """reasoning-gym's own scorer of these tasks runs the answer (the first assertion shows it); ours, through the
+    real pool, scores the same answer without running it."""
+    import reasoning_gym
+    entry, ej = _entry_json(name)
+    upstream = tmp_path / "upstream"
+    reasoning_gym.get_score_answer_fn(name)(_pwned(upstream)[8:-9], entry)
+    assert upstream.exists()
+    ours = tmp_path / "ours"
+    with RewardPool(workers=1, timeout_s=10.0, scorers=[f"reasoning_gym:{name}"]) as pool:
+        out = pool.map([(f"reasoning_gym:{name}", entry["answer"], ej, _pwned(ours), "tags"),
+                        (f"reasoning_gym:{name}", entry["answer"], ej, f"<answer>{entry['answer']}</answer>", "tags")])
+    assert out == [0.01, 1.0] and not ours.exists()
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_tasks_that_run_answers_are_refused_by_name(name, tmp_path):
+    from jaxrl_llm.config import load_config
+    from jaxrl_llm.data.tasks import load_items
+
+    cfg = load_config(None, [f"data.task={name}", "data.train_size=2", "data.eval_size=0"])
+    with pytest.raises(ValueError, match=rf"task '{name}' is refused: its scorer .*eval.*'countdown', 'puzzle24'"):
+        load_items(cfg.data, "train")
+    with RewardPool(workers=1, timeout_s=5.0, scorers=[f"reasoning_gym:{name}"]) as pool:
+        with pytest.raises(RuntimeError, match=rf"could not prepare .*'{name}' is refused"):
+            pool.map([("exact", "1", "", "1", "raw")])
+    with RewardPool(workers=1, timeout_s=5.0) as pool:  # a job naming it, in a pool that did not prepare it
+        assert pool.map([(f"reasoning_gym:{name}", "", "{}", _pwned(tmp_path / "p"), "tags")]) == [0.0]
+        assert pool.stats.errors == 1 and "is refused" in pool.stats.last_error
+    assert not (tmp_path / "p").exists()
+
+
+# reviewed: these score_answer methods evaluate the entry's own answer (our generated data), never the model's
+_EVALS_ONLY_THE_ENTRY = {"number_sorting"}
+
+
+def test_every_reasoning_gym_scorer_that_evaluates_is_listed():
+    """A new reasoning-gym release whose scorer evals, execs or sympy-parses text fails here until it is refused,
+    scored here, or reviewed."""
+    import inspect
+    import re
+    from reasoning_gym.factory import DATASETS
+
+    evaluating = {name for name, (cls, _) in DATASETS.items()
+                  if re.search(r"\b(eval|exec|parse_expr|sympify)\(", inspect.getsource(cls.score_answer))}
+    assert evaluating == set(REFUSED) | set(OWN_SCORERS) | _EVALS_ONLY_THE_ENTRY
+
+
+def _expressions(rng, numbers, k):
+    out = []
+    for _ in range(k):
+        nums = list(numbers)
+        rng.shuffle(nums)
+        if rng.random() < 0.15:
+            nums = nums[:-1] if rng.random() < 0.5 else nums + [rng.randint(1, 10)]
+        text = str(nums[0])
+        for n in nums[1:]:
+            op = rng.choice("+-*/")
+            text = f"({text}) {op} {n}" if rng.random() < 0.4 else f"{text}{op}{n}"
+        out.append(text)
+    return out + ["", "abc", "3 +", "1/0", "2*3", "(1", "-" + str(numbers[0]), f"{numbers[0]}.5"]
+
+
+@pytest.mark.parametrize("name", ["countdown", "puzzle24"])
+def test_own_scorers_agree_with_reasoning_gym(name):
+    """Our countdown and puzzle24 scorers against reasoning-gym's own (run here on benign answers only), right and
+    wrong answers alike. puzzle24 differs where reasoning-gym's is exploitable, and only there: it reads int(value),
+    so values in (24, 25) pass, and it takes any four numbers in range, not only the given ones."""
+    import random
+    from fractions import Fraction
+    import reasoning_gym
+    from jaxrl_llm.rewards.verifiers import arithmetic_value
+
+    rng = random.Random(0)
+    ds = reasoning_gym.create_dataset(name, size=25, seed=1)
+    checked = differ = 0
+    for entry in ds:
+        answers = [entry["answer"], *_expressions(rng, entry["metadata"]["numbers"], 12)]
+        if name == "puzzle24":
+            answers += ["6*4*1*1", "7*7/2*1", "(8+4)*2*1"]
+        for answer in answers:
+            want = ds.score_answer(answer, entry) if answer else 0.01
+            got = OWN_SCORERS[name](answer, entry)
+            checked += 1
+            if name == "puzzle24" and got != want:
+                value = arithmetic_value(answer)
+                used = sorted(int(n) for n in re.findall(r"\b\d+\b", answer))
+                assert (want, got) == (1.0, 0.01), answer
+                assert (24 < value < 25) or used != sorted(entry["metadata"]["numbers"]), answer
+                differ += 1
+                continue
+            assert got == want, (answer, entry["metadata"])
+    assert checked > 300 and (name == "countdown" or differ >= 25)
+    assert OWN_SCORERS[name](entry["answer"], entry) == 1.0 and arithmetic_value("7/2-1") == Fraction(5, 2)

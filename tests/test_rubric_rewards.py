@@ -79,7 +79,7 @@ def test_judge_items_are_decided_by_the_judge_and_refused_without_one(tmp_path):
     items = load_items(cfg.data, "train")
     asked = []
 
-    def generate(prompts):
+    def generate(prompts, temperature=0.0, seed=0):
         asked.extend(prompts)
         return ["Verdict: [1, 0]" if "a cat" in p else "no idea" for p in prompts]
 

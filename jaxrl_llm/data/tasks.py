@@ -1,5 +1,5 @@
 """Task items and their sources: reasoning-gym data sets (generated offline, seeded) and local
-jsonl / parquet files loaded through `datasets`.
+jsonl / parquet files (data/task_files.py reads them, each row as written: rows may differ in keys).
 
 File schema (one row per task): `question` (str, required), `answer` (str, required),
 `scorer` ("math" | "exact", default "math"), `reference` (str, optional: a worked solution for SFT),
@@ -46,6 +46,9 @@ def _reasoning_gym(cfg: DataSection, split: str) -> list[TaskItem]:
         ds = reasoning_gym.create_dataset(cfg.task, size=size, seed=seed, **cfg.task_args)
     except Exception as e:  # unknown name or bad task_args
         raise DataError(f"reasoning-gym task {cfg.task!r} with {cfg.task_args}: {e}") from e
+    from jaxrl_llm.rewards.verifiers import check_gym_tasks  # a task whose scorer runs answers as code is refused
+
+    check_gym_tasks({cfg.task, *(e["metadata"].get("source_dataset", cfg.task) for e in ds)})
     try:
         refs = [worked_solution(cfg.task, e, cfg.worked) for e in ds]
     except (KeyError, ValueError) as e:
@@ -80,14 +83,9 @@ def _rubric_tasks(cfg: DataSection, split: str) -> list[TaskItem]:
 
 
 def _file(path: str, kind: str) -> list[TaskItem]:
-    import datasets
+    from jaxrl_llm.data.task_files import read_rows
 
-    try:
-        rows = datasets.load_dataset("json" if kind == "jsonl" else "parquet", data_files=path, split="train")
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such file") from None
-    except Exception as e:
-        raise DataError(f"{path}: could not be read as {kind}: {e}") from e
+    rows = read_rows(path, kind)
     items = []
     for i, row in enumerate(rows):
         if row.get("rubric") is not None:  # a rubric task: graded by its items, an answer is optional

@@ -67,6 +67,12 @@ LEFT_OUT = {
 }
 
 _ITEM_KEYS = ("description", "weight", "check", "args")
+# if-verifiable args it pastes into a regular expression unescaped (keywords:existence, keywords:frequency,
+# keywords:forbidden_words, detectable_content:postscript, detectable_format:multiple_sections); a quantifier,
+# group, class or alternation there can backtrack for hours on one response, first in the trainer's own process
+# when the rubric is checked at load, so such args are refused: write plain words
+_REGEX_ARGS = frozenset({"keywords", "keyword", "forbidden_words", "postscript_marker", "section_spliter", "starter"})
+_REGEX_META = frozenset("*+?{}()[]|\\")
 _TRIAL = "A short trial response. It has two sentences."  # args that make a check raise on it are refused
 
 
@@ -239,6 +245,13 @@ def _check_ifeval(instruction_id: str, args: dict, where: str) -> None:
         if key not in names:
             raise RubricError(f"{where}: args key {key!r} is not an argument of 'ifeval:{instruction_id}' "
                               f"(it takes {names or 'none'}); closest: {_closest(key, names)}")
+    for key in _REGEX_ARGS & set(args):
+        for text in args[key] if isinstance(args[key], list) else [args[key]]:
+            meta = sorted(set(str(text)) & _REGEX_META)
+            if meta:
+                raise RubricError(f"{where}: args key {key!r} value {text!r} has {''.join(meta)}: 'ifeval:"
+                                  f"{instruction_id}' uses it as a regular expression, where these can make a "
+                                  f"check run for hours; write plain words")
     missing = [n for n in names if n not in args]
     if missing:  # if-verifiable would draw them at random
         raise RubricError(f"{where}: 'ifeval:{instruction_id}' needs args {missing} (it takes {names})")

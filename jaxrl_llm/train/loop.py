@@ -16,7 +16,6 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import yaml
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 from tqdm import tqdm
@@ -45,8 +44,9 @@ from jaxrl_llm.sampling.buckets import bucket
 from jaxrl_llm.sampling.sampler import Sampler
 from jaxrl_llm.train.checkpoint import Checkpointer
 from jaxrl_llm.train.evaluate import evaluate
-from jaxrl_llm.train.metrics import MetricsWriter, read_rows
+from jaxrl_llm.train.metrics import MetricsWriter, summary
 from jaxrl_llm.train.policy import build_policy, encode_items, encode_text
+from jaxrl_llm.train.run_dir import RunFolder
 from jaxrl_llm.train.rollout import plan_rows, rollout_metrics, sample_plan, score, update_rows, with_advantages
 from jaxrl_llm.train.sft import sft_batch
 from jaxrl_llm.train.state import TrainState
@@ -95,15 +95,22 @@ class Run:
     A run goes through stages, and a checkpoint marks how far it got, so a resumed run redoes
     nothing it finished: evaluation before SFT, SFT steps (checkpoints in `sft_checkpoints/`), the
     step-0 evaluation, RL steps (checkpoints in `checkpoints/`). A checkpoint is the train state.
+    The run folder is locked while a run builds, resumes and trains (train/run_dir.py); `read_only` (eval)
+    locks nothing and writes nothing there.
     """
 
-    def __init__(self, cfg: Config, log=tqdm.write):
+    def __init__(self, cfg: Config, log=tqdm.write, *, read_only: bool = False):
         self.cfg, self.log = cfg, log
+        self.folder = RunFolder(cfg, log, read_only=read_only)
+        with self.folder.held():  # a second writer is refused before anything is built or written
+            self.folder.prepare()
+            self._build(cfg)
+
+    def _build(self, cfg: Config) -> None:
         self.stopped = False  # train() was stopped by a signal or a maintenance event (it saved first)
         self.out_dir = Path(cfg.train.out_dir)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
         self.mesh = make_mesh({"data": cfg.mesh.data, "fsdp": cfg.mesh.fsdp, "tensor": cfg.mesh.tensor})
-        self.policy, params = build_policy(cfg, self.mesh, self.out_dir)
+        self.policy, params = build_policy(cfg, self.mesh, self.folder.policy_dir())
         tok = self.tok = self.policy.tokenizer
         train_items, eval_items = load_splits(cfg.data)
         self.train_items, dropped = encode_items(tok, cfg, train_items)
@@ -157,11 +164,14 @@ class Run:
         # the judge of 'judge' rubric items, greedy: the policy with the parameters of the moment, or a local model
         self.judge = None
         if cfg.reward.judge == "policy":
-            self.judge = Judge(lambda prompts: sampler_generate(
+            self.judge = Judge(lambda prompts, temperature=0.0, seed=0: sampler_generate(
                 self.sampler, self.sampling_params(), tok, cfg.reward.judge_max_new_tokens, cfg.data.chat_template,
-                min_rows=self.rows)(prompts))
+                min_rows=self.rows)(prompts, temperature, seed), max_retries=cfg.reward.judge_retries,
+                retry_temperature=cfg.reward.judge_retry_temperature)
         elif cfg.reward.judge:
-            self.judge = Judge(load_judge(cfg.reward.judge, cfg.reward.judge_max_new_tokens, self.mesh, self.rows))
+            self.judge = Judge(load_judge(cfg.reward.judge, cfg.reward.judge_max_new_tokens, self.mesh, self.rows),
+                               max_retries=cfg.reward.judge_retries,
+                               retry_temperature=cfg.reward.judge_retry_temperature)
         self.sampler = Sampler(self.policy.graphdef, pad_id=pad_id(tok), stop_ids=stop_ids(tok, model_cfg.eos_token_ids),
                                max_cache_len=model_cfg.max_position_embeddings, mesh=self.mesh,
                                share_prefill=cfg.rollout.shared_prefix, min_context=self.sample_context,
@@ -174,12 +184,14 @@ class Run:
                                 explore=explore_state, seed=cfg.train.seed)
         self.root = self.state.root()
         self.ckpt, self.sft_ckpt = (Checkpointer(self.out_dir / name, keep=cfg.train.keep_checkpoints, log=self.log,
-                                                 async_save=cfg.train.async_checkpoint)
+                                                 async_save=cfg.train.async_checkpoint, read_only=self.folder.read_only)
                                     for name in ("checkpoints", "sft_checkpoints"))
 
     def reward_pool(self) -> RewardPool:  # its workers load this run's tasks' scorers before the first item is timed
         scorers = {it.scorer for it, _ in self.train_items + self.eval_items}
-        return RewardPool(self.cfg.reward.workers, self.cfg.reward.timeout_s, scorers=scorers)
+        r = self.cfg.reward
+        return RewardPool(r.workers, r.timeout_s, scorers=scorers, memory_mb=r.memory_mb, file_mb=r.file_mb,
+                          start_retries=r.start_retries)
 
     def _maintenance_url(self) -> str:
         return maintenance_url(self.cfg.train.maintenance_url, self.mesh.devices.flat[0].platform)
@@ -209,21 +221,25 @@ class Run:
         st = self.state
         st.data = self.data.get_state()
         arrays, registry = st.split()
-        registry["model_signature"] = self.policy.signature()
-        if st.stage == "rl":
-            self.ckpt.save(st.step, arrays, registry, wait=wait)
-            return f"RL step {st.step} to {self.ckpt.directory}/{st.step}"
-        self.sft_ckpt.save(st.sft_step, arrays, registry, wait=wait)
-        return (f"SFT step {st.sft_step}/{self.cfg.sft.steps} (policy and SFT optimizer state) to "
-                f"{self.sft_ckpt.directory}/{st.sft_step}")
+        registry["model_signature"], registry["config"] = self.policy.signature(), self.folder.record
+        ckpt, step = (self.ckpt, st.step) if st.stage == "rl" else (self.sft_ckpt, st.sft_step)
+        what = f"RL step {st.step}" if st.stage == "rl" else \
+            f"SFT step {st.sft_step}/{self.cfg.sft.steps} (policy and SFT optimizer state)"
+        if not ckpt.save(step, arrays, registry, wait=wait):  # the checkpoint this state was resumed from
+            return f"{what}: already in {ckpt.directory}/{step}, kept as it was"
+        return f"{what} to {ckpt.directory}/{step}"
 
     def try_resume(self) -> bool:
+        with self.folder.held():  # a damaged checkpoint may be moved aside: only by the folder's one writer
+            return self._resume()
+
+    def _resume(self) -> bool:
         if not self.cfg.train.resume:
             return False
-        sig = self.policy.signature()
-        found = self.ckpt.restore_latest(self._arrays_like, sig, log=self.log)
+        sig, check = self.policy.signature(), self.folder.check
+        found = self.ckpt.restore_latest(self._arrays_like, sig, log=self.log, check=check)
         if found is None:
-            found = self.sft_ckpt.restore_latest(self._arrays_like, sig, log=self.log)
+            found = self.sft_ckpt.restore_latest(self._arrays_like, sig, log=self.log, check=check)
             if found is None:
                 return False
         where, arrays, reg = found
@@ -232,10 +248,10 @@ class Run:
         if st.seed != self.cfg.train.seed:  # the key root must stay that of the checkpointed run
             self.log(f"train.seed={self.cfg.train.seed} ignored: resuming the run seeded {st.seed}")
         self.root = st.root()
-        ckpt = self.ckpt if st.stage == "rl" else self.sft_ckpt
-        self.log(f"resumed from {ckpt.directory}/{where} ("
-                 + (f"RL step {st.step}" if st.stage == "rl" else f"SFT step {st.sft_step}/{self.cfg.sft.steps}")
-                 + ")")
+        path = f"{(self.ckpt if st.stage == 'rl' else self.sft_ckpt).directory}/{where}"
+        self.log(f"resumed from {path} ("
+                 + (f"RL step {st.step}" if st.stage == "rl" else f"SFT step {st.sft_step}/{self.cfg.sft.steps}") + ")")
+        self.folder.resumed(reg, path, st.step)
         return True
 
     def key(self, phase: int, step: int) -> jax.Array:
@@ -381,8 +397,10 @@ class Run:
             "update_positions_per_s": float(positions / max(t2 - t1, 1e-9)),
             "time_update_s": t2 - t1, "time_step_s": time.perf_counter() - t0,
             "compilations": compile_counter.compilations(), "reward_errors": hosts.sum_int(pool.stats.errors),
-            "reward_timeouts": hosts.sum_int(pool.stats.timeouts), "dropped_prompts": self.dropped_prompts,
-            **({"judge_parse_failures": self.judge.parse_failures} if self.judge is not None else {}),
+            "reward_timeouts": hosts.sum_int(pool.stats.timeouts), "reward_memory": hosts.sum_int(pool.stats.memory),
+            "reward_killed": hosts.sum_int(pool.stats.killed), "dropped_prompts": self.dropped_prompts,
+            **({"judge_parse_failures": self.judge.parse_failures, "judge_pass_rate": self.judge.pass_rate}
+               if self.judge is not None else {}),
             **explore_metrics,
         })
         metrics["time_other_s"] = metrics["time_step_s"] - metrics["time_sample_s"] - metrics["time_reward_s"] \
@@ -406,17 +424,21 @@ class Run:
         return result
 
     def train(self) -> dict:
+        with self.folder.held():  # for the run's lifetime; the kernel releases it if the process dies
+            return self._train()
+
+    def _train(self) -> dict:
         cfg = self.cfg
         resumed = self.try_resume()
         st = self.state
-        if jax.process_index() == 0:
-            (self.out_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        self.folder.record_start()
         if resumed and st.stage == "rl" and st.step >= cfg.train.steps:
             return self._already_complete()
         writer = MetricsWriter(self.out_dir, tensorboard=cfg.train.tensorboard, keep_rows=st.metrics_rows)
         last_eval: dict = {}
         saved = ""
-        with self.reward_pool() as pool, StopFlag(self._maintenance_url(), self.log) as stop:
+        watchdog = (cfg.train.watchdog_floor_s, cfg.train.watchdog_ceiling_s)
+        with self.reward_pool() as pool, StopFlag(self._maintenance_url(), self.log, watchdog) as stop:
             if st.stage == "start" and cfg.sft.steps > 0:
                 self._eval(writer, pool, "eval_before_sft", "before SFT")
                 st.stage = "sft"
@@ -452,7 +474,8 @@ class Run:
             self.log(f"stopped by {stop.describe()}; saved {saved}; run the same command again to resume "
                      f"(exit status {RESUME_EXIT_CODE})")
             return last_eval
-        self._summary()
+        if jax.process_index() == 0 and (self.out_dir / "metrics.jsonl").exists():
+            self.log(summary(self.out_dir))
         if cfg.train.export_final:
             self._export(self.out_dir / "final")
         return last_eval
@@ -477,23 +500,6 @@ class Run:
         if self.cfg.train.export_final and not (final / "config.json").is_file():
             self._export(final)
         return {}
-
-    def _summary(self) -> None:
-        """Held-out accuracy at the start of the run (before SFT if any), at RL step 0, and now."""
-        path = self.out_dir / "metrics.jsonl"
-        if jax.process_index() != 0 or not path.exists():
-            return
-        rows = read_rows(path)
-        # evaluations that scored something (an empty held-out set, e.g. every item also a training one, scores nothing)
-        evals = [r for r in rows if r["kind"] in ("eval_before_sft", "eval") and "greedy_accuracy" in r]
-        if not evals:
-            self.log(f"summary ({self.out_dir}): no held-out problems were evaluated")
-            return
-        keys = ("greedy_accuracy", "sampled_accuracy")
-        points = [("start", evals[0])] + ([("RL step 0", evals[1])] if evals[0]["kind"] == "eval_before_sft"
-                                           and len(evals) > 2 else []) + [(f"step {evals[-1]['step']}", evals[-1])]
-        self.log(f"summary ({self.out_dir}): " + "; ".join(
-            f"{k.replace('_', ' ')} " + " -> ".join(f"{r[k]:.3f} ({w})" for w, r in points) for k in keys))
 
 
 def _fmt(m: dict) -> str:
