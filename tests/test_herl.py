@@ -42,10 +42,10 @@ def test_selection_matches_brute_force(seed):
     for scores in itertools.product([0.0, 0.5, 1.0], repeat=3):
         scores = np.array(scores)
         for best, top in ((0.5, 1), (0.5, 2), (1.0, 1)):
-            got = choose_revisions(scores, best, top).tolist()
             above = sorted([i for i in range(3) if scores[i] > best], key=lambda i: (-scores[i], i))
             at_least = sorted([i for i in range(3) if scores[i] >= best], key=lambda i: (-scores[i], i))
-            assert got == (above or at_least)[:top]
+            assert choose_revisions(scores, best, top).tolist() == above[:top]
+            assert choose_revisions(scores, best, top, at_least=True).tolist() == (above or at_least)[:top]
 
 
 RUBRIC = [{"description": "Say A.", "weight": 1, "check": "py:contains_all", "args": {"keywords": ["A"]}},
@@ -109,14 +109,16 @@ class _Stub:
         return Rollouts(plan, out, self.scores.copy(), tuple(f"rev {i}" for i in range(plan.rows)), met)
 
     def logprobs(self, out, *, min_rows=0):
-        self.min_rows = min_rows
+        self.min_rows, self.teacher_out = min_rows, out
         return np.full(out.tokens.shape, -2.0, np.float32)
 
 
 @pytest.mark.parametrize("train_on", ["original", "revise_prompt"])
 def test_revise_replaces_with_revisions_and_gives_the_bonus(train_on):
     setup = _setup()
-    herl = HeRL(HeRLSection(enabled=True, alpha=0.1, train_on=train_on, candidate_limit=8), instruction="Be brief.")
+    """The specification's rules (keep=at_least, train_temperature=guided)."""
+    herl = HeRL(HeRLSection(enabled=True, alpha=0.1, train_on=train_on, candidate_limit=8, keep="at_least",
+                            train_temperature="guided"), instruction="Be brief.")
     herl.init(setup)
     r = _rollouts(setup)
     # candidates: group 0 rows 1, 2 (tied at 0.5); group 2 rows 8..11 (tied at 0.0): round-robin 1, 8, 2, 9, 10, 11
@@ -157,6 +159,38 @@ def test_revise_replaces_with_revisions_and_gives_the_bonus(train_on):
         assert o.tokens[g0, :o.prompt_len[g0]].tolist() == contexts[0]
         assert (o.logprobs[g0, resp] == -0.5).all()  # the sampler's
     assert new.advantages is None
+
+
+@pytest.mark.parametrize("train_on", ["original", "revise_prompt"])
+def test_default_keeps_only_better_revisions_trained_at_the_rollout_temperature(train_on):
+    """Defaults: keep=better (a tie at the group's best, or anything in an all-zero group, is no longer
+    kept) and train_temperature=rollout (the kept revision takes the sampling temperature of the member
+    it replaces, and its old log-probs come from a teacher-forced pass at that temperature, under the
+    revise prompt too)."""
+    setup = _setup()
+    herl = HeRL(HeRLSection(enabled=True, train_on=train_on, candidate_limit=8), instruction="")
+    herl.init(setup)
+    r = _rollouts(setup)
+    temps = (0.5 + 0.01 * np.arange(12)).astype(np.float32)  # a distinct sampling temperature per row
+    r = dataclasses.replace(r, plan=dataclasses.replace(r.plan, temperature=temps),
+                            out=dataclasses.replace(r.out, temperature=temps))
+    stub = _Stub([1.0, 0.0, 0.5, 0.0, 0.0, 0.0])  # only revision 0 (group 0: 1.0 > 0.5) beats its group's best
+    new, m = herl.revise({}, r, StepInfo(1, np.arange(3), jax.random.key(5)), stub.sample, stub.score, stub.logprobs)
+    assert np.allclose(stub.calls[0][0].temperature, 0.3)  # sampled at the guided temperature
+    hind = np.flatnonzero(new.plan.hindsight)
+    assert m["herl_kept"] == 1 and m["herl_kept_above_best"] == 1 and len(hind) == 1
+    g0 = int(hind[0])
+    assert g0 in range(4) and new.scored[g0] == 1.0
+    assert new.plan.temperature[g0] == temps[g0] and new.out.temperature[g0] == temps[g0]
+    others = np.setdiff1d(np.arange(12), hind)
+    np.testing.assert_array_equal(new.plan.temperature[others], temps[others])
+    teacher = stub.teacher_out
+    assert teacher.temperature.tolist() == [temps[g0]]  # the pass ran at the row's training temperature
+    want_context = setup.prompts[0] if train_on == "original" else stub.calls[0][1][0]
+    assert teacher.tokens[0, :teacher.prompt_len[0]].tolist() == want_context
+    o = new.out
+    resp = slice(int(o.context_len[g0]), int(o.context_len[g0] + o.num_generated[g0]))
+    assert (o.logprobs[g0, resp] == -2.0).all()  # teacher-forced, not the sampler's -0.5 taken at T=0.3
 
 
 def test_nothing_failed_or_nothing_qualifies():
@@ -272,7 +306,9 @@ def test_teacher_logprobs_equal_a_plain_forward_of_the_moved_rows(tmp_path):
 
 
 def _herl_trainer_cfg(tmp_path, *overrides):
-    """The tiny model on rubric tasks it mostly fails, HeRL on, the policy judging the 'judge' items."""
+    """The tiny model on rubric tasks it mostly fails, HeRL on, the policy judging the 'judge' items; ties at
+    the group's best are kept (keep=at_least: a random model's revisions rarely beat its group), so that
+    every step moves revisions through the update, trained at the rollout temperature (the default)."""
     import sys
     from pathlib import Path
 
@@ -287,7 +323,7 @@ def _herl_trainer_cfg(tmp_path, *overrides):
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return _tiny_cfg(tmp_path, f"data.path={data}", "rollout.group_size=8",
                      "rollout.max_new_tokens=4", "algo.micro_batch=32", "explore.herl.enabled=true",
-                     "explore.herl.candidate_limit=4", "explore.herl.replace_top_n=2",
+                     "explore.herl.candidate_limit=4", "explore.herl.replace_top_n=2", "explore.herl.keep=at_least",
                      "explore.herl.revise_template='Q {question} D {draft} M {met} U {unmet}'",
                      "train.steps=5", "train.checkpoint_every=100", "eval.every=100",
                      # the policy judges the 'judge' item (a random model never answers in JSON: parse failures)

@@ -27,9 +27,16 @@ def snapshot(state):
 class Reference:
     """The rules of replay.py read literally: a list of slots, candidates inserted one at a time."""
 
-    def __init__(self, capacity):
+    def __init__(self, capacity, rule="value"):
         self.slots = [None] * capacity
         self.inserts = self.evictions = self.drops = 0
+        self.rule = rule
+
+    def score(self, prior, value_sum, visits):
+        if self.rule == "value":
+            return (prior + value_sum) / (1 + visits)
+        q = (prior + value_sum + 0.5) / (visits + 2)  # "uncertainty": a continuation's success variance, x 4
+        return 4 * q * (1 - q)
 
     def total(self):
         return sum(s["visits"] for s in self.slots if s)
@@ -39,8 +46,7 @@ class Reference:
         if s is None:
             return -math.inf
         n = max(self.total(), 1.0)
-        value = (s["prior"] + s["value_sum"]) / (1 + s["visits"])
-        return value + c_ucb * math.sqrt(math.log(n) / (1 + s["visits"])) - replay.DEMOTION * s["demoted"]
+        return self.score(s["prior"], s["value_sum"], s["visits"]) + c_ucb * math.sqrt(math.log(n) / (1 + s["visits"])) - replay.DEMOTION * s["demoted"]
 
     def insert(self, tokens, length, prompt, prior, valid, step, version, c_ucb):
         current = [self.priority(i, c_ucb) for i in range(len(self.slots))]
@@ -55,7 +61,7 @@ class Reference:
                 duplicates += 1
                 continue
             seen.add(key)
-            fresh.append((float(prior[j]) + bonus, j, key))
+            fresh.append((self.score(float(prior[j]), 0.0, 0.0) + bonus, j, key))
         inserted = evicted = 0
         for p, j, (pid, toks) in sorted(fresh, key=lambda x: (-x[0], x[1])):
             low = min(range(len(self.slots)), key=lambda i: (current[i], i))
@@ -176,10 +182,10 @@ def random_op(rng, snap, step):
     return kind, (jax.random.key(step), KS, c_ucb, float(rng.choice([0.0, 0.0, 0.7])))
 
 
-def apply(ops, state, kind, args):
+def apply(ops, state, kind, args, rule="value"):
     """(state, outputs as numpy) after one operation."""
     if kind == "insert":
-        state, out = ops.insert(state, *args)
+        state, out = ops.insert(state, *args, rule=rule)
     elif kind == "update":
         state, out = ops.update_values(state, *args), {}
     elif kind == "backtrack":
@@ -187,20 +193,21 @@ def apply(ops, state, kind, args):
     elif kind == "drop":
         state, out = ops.drop_prompts(state, *args), {}
     else:
-        idx, valid = ops.sample(state, *args)
+        idx, valid = ops.sample(state, *args, rule=rule)
         out = {"idx": idx, "valid": valid}
     return state, jax.tree.map(np.asarray, out)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_operations_match_reference(seed):
+@pytest.mark.parametrize("seed,rule", [(0, "value"), (1, "value"), (2, "value"), (0, "uncertainty"),
+                                       (1, "uncertainty")])
+def test_operations_match_reference(seed, rule):
     rng = np.random.RandomState(seed)
-    state, ref = replay.empty(C, T), Reference(C)
+    state, ref = replay.empty(C, T), Reference(C, rule)
     totals = dict(evicted=0, duplicates=0, full=0, demoted=0, dropped=0)
     for step in range(80):
         snap = snapshot(state)
         kind, args = random_op(rng, snap, step)
-        state, out = apply(OPS, state, kind, args)
+        state, out = apply(OPS, state, kind, args, rule)
         if kind == "insert":
             assert {k: int(v) for k, v in out.items()} == ref.insert(*args)
             totals["evicted"] += out["evicted"]
@@ -446,3 +453,22 @@ def test_replay_bench_measures_every_operation():
         replay._fingerprint(s.tokens, s.length, s.prompt)))
     row = measure(64, 8, 16, 4, 10, repeats=1)
     assert all(row[op] > 0 for op in BENCH_OPS)
+
+
+def test_uncertainty_rule_prefers_states_whose_continuations_differ():
+    """Three states after 8 continuations each: all succeed, half succeed, all fail. A group-relative
+    estimator learns only from the middle one (the others' groups have zero reward variance): "uncertainty"
+    draws it first, while "value" draws the all-succeeding one first. A fresh state from a failed response
+    (prior 0) and one from a right response (prior 1) score alike under "uncertainty" (neither is certain
+    from one observation); a partial-credit prior of 1/2 scores highest."""
+    state = replay.empty(4, T)
+    tokens = np.tile(np.arange(1, T + 1, dtype=np.int32), (3, 1))
+    state, _ = replay.insert(state, tokens, np.array([1, 2, 3]), np.zeros(3, np.int32), np.ones(3, np.float32),
+                             np.ones(3, bool), 0, 0, 0.0)
+    state = replay.update_values(state, np.array([0, 1, 2], np.int32), np.array([8.0, 4.0, 0.0], np.float32),
+                                 np.full(3, 8.0, np.float32), np.ones(3, bool))
+    greedy = {rule: np.asarray(replay.sample(state, jax.random.key(0), 3, 0.0, 0.0, rule=rule)[0]).tolist()
+              for rule in replay.RULES}
+    assert greedy["uncertainty"][0] == 1 and greedy["value"][0] == 0
+    fresh = np.asarray(replay.score(np.array([0.0, 1.0, 0.5]), 0.0, 0.0, "uncertainty"))
+    np.testing.assert_allclose(fresh, [0.75, 0.75, 1.0], rtol=0, atol=1e-7)

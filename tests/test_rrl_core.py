@@ -112,7 +112,8 @@ def _setup(**kw):
 
 def _rrl(**kw):
     cfg = RRLSection(**{**dict(enabled=True, boundary="tokens", every_tokens=1, replay_ratio=0.5, continuations=4,
-                               warmup_steps=0, capacity=16, max_prefix_tokens=5, priority_temperature=0.0), **kw})
+                               warmup_steps=0, capacity=16, max_prefix_tokens=5, priority_temperature=0.0,
+                               priority="value"), **kw})
     rrl = RRL(cfg)
     return rrl, rrl.init(_setup())
 
@@ -124,7 +125,7 @@ def _insert(rrl, state, prefixes, prompts, priors):
         tok[i, :len(p)] = p
     replay, _ = rrl.ops.insert(state.replay, tok, np.array([len(p) for p in prefixes], np.int32),
                                np.array(prompts, np.int32), np.array(priors, np.float32), np.ones(len(prefixes), bool),
-                               1, 0, rrl.cfg.c_ucb)
+                               1, 0, rrl.cfg.c_ucb, rule=rrl.cfg.priority)
     return state.replace(replay=replay)
 
 
@@ -313,7 +314,7 @@ def test_step_prior_scores_each_prefix_by_the_reference_lines_it_has_right():
     ref = "1+2=3\n3+4=7\n7-1=6"
     items = [TaskItem(uid=str(i), question="q", answer="6", scorer="exact", reference=ref) for i in range(6)]
     cfg = RRLSection(enabled=True, boundary="line", replay_ratio=0.5, continuations=4, warmup_steps=5, capacity=256,
-                     max_prefix_tokens=18, prefixes_per_response=3, prior="steps")
+                     max_prefix_tokens=18, prefixes_per_response=3, prior="steps", priority="value")
     rrl = RRL(cfg)
     state = rrl.init(_setup(items=items, tokenizer=tok, max_new_tokens=20))
     info = StepInfo(step=1, prompt_ids=np.array([0, 1, 2, 3]), key=jax.random.key(1))
@@ -328,6 +329,14 @@ def test_step_prior_scores_each_prefix_by_the_reference_lines_it_has_right():
     want = {"1+2=3\n": 1 / 3, "1+2=3\n3+4=7\n": 2 / 3, "1 + 2 = 3\n": 1 / 3, "1 + 2 = 3\n3+4=8\n": 0.0,
             "1+2=4\n": 0.0, "1+2=4\n4+4=8\n": 0.0, "1+2=3\n\n": 1 / 3, "1+2=3\n\n3+4=7\n": 2 / 3}
     assert got == pytest.approx(want, abs=1e-6)
+    # priority=uncertainty keeps only the right-so-far prefixes (a wrong line: its continuations all fail)
+    rrl_u = RRL(dataclasses.replace(cfg, priority="uncertainty"))
+    state_u = rrl_u.init(_setup(items=items, tokenizer=tok, max_new_tokens=20))
+    plan_u = rrl_u.plan(state_u, RowPlan.groups([8] * 4, 1.0, jax.random.key(0), prompt_ids=[0, 1, 2, 3]), info)
+    new_u, _ = rrl_u.observe(state_u, _rollouts(plan_u, responses, np.zeros(32, np.float32), np.zeros(32, bool)), info)
+    r = jax.device_get(new_u.replay)
+    got = {tok.decode(r.tokens[i, :r.length[i]].tolist()): float(r.prior[i]) for i in np.flatnonzero(r.length > 0)}
+    assert got == pytest.approx({k: v for k, v in want.items() if v > 0}, abs=1e-6)
     assert rrl.step_prior(0, tok(ref + "\n")["input_ids"]) == 1.0  # every line right: the whole solution
     assert rrl.step_prior(0, tok("1+2=3\n3+")["input_ids"]) == pytest.approx(1 / 3)  # a partial line is not judged
 
@@ -372,3 +381,31 @@ def test_min_group_size_bounds_every_group_replay_can_cut_brute_force():
             left = sizes - np.bincount(group[freed], minlength=b)
             assert (left[left < sizes] >= bound).all(), (b, n, c, rrl.k_max, sizes, left, bound)
     assert seen_tighter > 80  # 97 of these 300 draws
+
+
+def test_step_figures_are_of_fresh_rows_and_replay_groups_are_reported_apart():
+    """The step's accuracy, reward and pass@k measure the policy on the step's prompts (fresh rows); the
+    continuations of replayed states go to replay_* figures, with the share of their groups that carry no
+    GRPO signal (all rewards equal). Brute force over a hand-built batch."""
+    from jaxrl_llm.train.metrics import pass_at_k
+    from jaxrl_llm.train.rollout import rollout_metrics
+
+    rrl, state = _rrl()
+    state = _insert(rrl, state, [(7, 8), (9,), (3, 4, 5)], [0, 5, 1], [0.9, 0.5, 0.1])
+    info = StepInfo(step=2, prompt_ids=np.array([0, 1, 2, 3]), key=jax.random.key(1))
+    plan = rrl.plan(state, RowPlan.groups([8] * 4, 1.0, jax.random.key(0), prompt_ids=[0, 1, 2, 3]), info)
+    rep = plan.replayed
+    rng = np.random.default_rng(0)
+    rewards = (rng.random(32) < 0.4).astype(np.float32)
+    rep_groups = np.unique(plan.group[rep])
+    rewards[plan.group == rep_groups[0]] = 1.0  # one replay group all right: zero variance
+    m = rollout_metrics(_rollouts(plan, [(5,)] * 32, rewards, np.ones(32, bool)))
+    fresh = ~rep
+    assert m["accuracy"] == pytest.approx(rewards[fresh].mean()) and m["reward_mean"] == pytest.approx(rewards[fresh].mean())
+    groups = [rewards[fresh & (plan.group == g)] for g in np.unique(plan.group[fresh])]
+    assert m["pass@4"] == pytest.approx(np.mean([pass_at_k(len(g), int(g.sum()), 4) for g in groups]))
+    assert m["groups_all_wrong"] == pytest.approx(np.mean([not g.any() for g in groups]))
+    assert m["replay_accuracy"] == pytest.approx(rewards[rep].mean())
+    zero = [np.all(rewards[plan.group == g] == rewards[plan.group == g][0]) for g in rep_groups]
+    assert m["replay_groups_zero_variance"] == pytest.approx(np.mean(zero)) and np.mean(zero) >= 1 / 3
+    assert m["sampled_tokens"] == 32  # cost still counts every row

@@ -10,14 +10,18 @@ After the step's rows are scored (`revise`), for the fresh groups whose best rew
                 at `guided_temperature` (one bucketed shape for the run: nothing compiles later)
     score       every revision against the ORIGINAL item and rubric
     bonus       each candidate's reward r <- r + alpha (best revision score - r)
-    replace     per failed group the `replace_top_n` best revisions scoring above s* (else at least
-                s*) take the places of random members of the group, never all of them
+    replace     per failed group the `replace_top_n` best revisions scoring above s* (keep=at_least:
+                else at least s*) take the places of random members of the group, never all of them
                 (`keep_best_original`: a copy of the best response over another member when none
                 qualifies, in any failed group); they are flagged hindsight, so the update
                 trains them with -A rho / (rho + gamma), unclipped (algo.hindsight_gamma)
     train_on    original: the revision is trained as a response to the original prompt, its old
                 log-probs recomputed there by a teacher-forced pass of the current policy;
-                revise_prompt: under the revise prompt, with the sampler's log-probs
+                revise_prompt: under the revise prompt
+    temperature train_temperature=rollout (default): a kept revision is trained at the sampling
+                temperature of the member it replaces, its old log-probs from a teacher-forced pass
+                at that temperature (under the revise prompt too); guided: at guided_temperature,
+                with the sampler's log-probs under revise_prompt
 
 HeRL keeps no state across steps. Groups of replayed continuations (RRL) are left alone.
 """
@@ -73,13 +77,20 @@ def candidates(failed, scored: np.ndarray, met_count: np.ndarray, limit: int) ->
     return out[:limit]
 
 
-def choose_revisions(scores: np.ndarray, best: float, top_n: int) -> np.ndarray:
+def choose_revisions(scores: np.ndarray, best: float, top_n: int, at_least: bool = False) -> np.ndarray:
     """Indices of up to `top_n` revisions (highest score first, lower index on ties): those strictly
-    above `best` when any are, else those at least `best` (within the tie tolerance)."""
+    above `best`; with `at_least`, when none is, those at least `best` (within the tie tolerance)."""
     order = np.lexsort((np.arange(len(scores)), -scores))
     above = [i for i in order if scores[i] > best + TIE]
-    pool = above if above else [i for i in order if scores[i] >= best - TIE]
+    pool = above if above or not at_least else [i for i in order if scores[i] >= best - TIE]
     return np.asarray(pool[:top_n], np.int64)
+
+
+def at_temperature(r: Rollouts, temperature: np.ndarray) -> Rollouts:
+    """The rows `r` trained at `temperature` [n] (the loss's and the old log-probs' softmax temperature)."""
+    t = np.asarray(temperature, np.float32)
+    return dataclasses.replace(r, plan=dataclasses.replace(r.plan, temperature=t),
+                               out=dataclasses.replace(r.out, temperature=t))
 
 
 class HeRL(Explorer):
@@ -176,7 +187,8 @@ class HeRL(Explorer):
         copies = []  # (victim row, original row) for keep_best_original
         for f, (_, grows, best) in enumerate(failed):
             mine = np.flatnonzero(cand_of == f)
-            pick = mine[choose_revisions(rev[mine], best, c.replace_top_n)] if len(mine) else np.zeros(0, int)
+            pick = mine[choose_revisions(rev[mine], best, c.replace_top_n, c.keep == "at_least")] \
+                if len(mine) else np.zeros(0, int)
             pick = pick[:len(grows) - 1]  # a sampled row stays in every group (E3 / RRL can make groups small)
             places = rng.permutation(grows)
             if len(pick):
@@ -188,10 +200,17 @@ class HeRL(Explorer):
         result = dataclasses.replace(rollouts, rewards=rewards, advantages=None)
         if kept:
             new = revised.take(np.asarray(kept))
-            if c.train_on == "original":
-                moved = new.out.with_prompts([self.setup.prompts[int(p)] for p in new.plan.prompt])
+            if c.train_temperature == "rollout":  # the temperature of the group member it replaces
+                new = at_temperature(new, rollouts.plan.temperature[np.asarray(victims)])
+            # old log-probs: the sampler's only when the row is trained where and how it was sampled; otherwise
+            # a teacher-forced pass of the current policy over the context and temperature it is trained at
+            teacher = c.train_on == "original" or c.train_temperature == "rollout"
+            if teacher:
+                moved = new.out.with_prompts([self.setup.prompts[int(p)] for p in new.plan.prompt]) \
+                    if c.train_on == "original" else new.out
                 if logprobs is None:
-                    raise ValueError("HeRL train_on=original needs the trainer's log-prob pass")
+                    raise ValueError(f"HeRL train_on={c.train_on} train_temperature={c.train_temperature} needs the "
+                                     f"trainer's log-prob pass")
                 lp = np.asarray(logprobs(moved, min_rows=self.moved_rows), np.float32)
                 moved = dataclasses.replace(moved, logprobs=np.where(moved.response_mask, lp, 0.0).astype(np.float32))
                 new = dataclasses.replace(new, out=moved)
@@ -202,6 +221,8 @@ class HeRL(Explorer):
         metrics.update({
             "herl_revisions": n, "herl_kept": len(kept) + len(copies),
             "herl_revision_success": float(np.mean(rev > np.array([failed[f][2] for f in cand_of]) + TIE)),
+            # kept revisions that beat their group's best (the rest: ties under keep=at_least)
+            "herl_kept_above_best": int(sum(rev[i] > failed[cand_of[i]][2] + TIE for i in kept)),
             "herl_revision_reward": float(rev.mean()), "herl_bonus_mean": float(bonus.mean()),
             "herl_sampled_tokens": int(out.num_generated.sum()),
             # what the update trains on: revisions swapped in, candidates' bonus (the step's reward_mean and

@@ -7,11 +7,17 @@ Rules (rewards assumed in [0, 1]; visit counts whole numbers):
 
 value     v_i = (prior_i + value_sum_i) / (1 + visits_i): the Monte Carlo mean of the continuations,
           with the prior (the reward of the response the prefix was cut from) as one pseudo-observation.
-priority  p_i = v_i + c_ucb * sqrt(ln max(N, 1) / (1 + visits_i)) - DEMOTION * demoted_i, where N is
-          the sum of visits over the occupied slots; empty slots -inf.
+priority  p_i = s_i + c_ucb * sqrt(ln max(N, 1) / (1 + visits_i)) - DEMOTION * demoted_i, where N is
+          the sum of visits over the occupied slots; empty slots -inf. The score s_i is set by `rule`:
+          "value": s_i = v_i (ALGORITHMS.md §3: the most promising states);
+          "uncertainty": s_i = 4 q_i (1 - q_i), q_i = (prior_i + value_sum_i + 1/2) / (visits_i + 2), the
+          variance of a continuation's success under the state's estimate (scaled to [0, 1]), its mean
+          shrunk toward 1/2 by one half-observation so that a single prior of 0 or 1 does not mark a state
+          certain. A group-relative estimator learns only from groups whose rewards differ: a state whose
+          continuations all succeed (value ~1, what "value" favours) gives its group zero advantage.
 insert    candidates that are invalid, have a length outside 1..T, or exactly repeat (same prompt,
           length and tokens) a stored state or an earlier candidate of the call are skipped; the
-          others get priority prior + c_ucb * sqrt(ln max(N, 1)) (no visits, N before the call).
+          others get the priority of a state with that prior and no visits (N before the call).
           Candidates in decreasing priority (ties: lower index first) are paired with slots in
           increasing priority (empty slots first at -inf; ties: lower slot first); each candidate
           takes its slot when its priority is strictly higher. This equals inserting the candidates
@@ -109,9 +115,23 @@ def value(state: ReplayState) -> jax.Array:
     return (state.prior + state.value_sum) / (1.0 + state.visits)
 
 
-def priority(state: ReplayState, c_ucb) -> jax.Array:
+RULES = ("uncertainty", "value")
+
+
+def score(prior, value_sum, visits, rule: str):
+    """The score s of states (module docstring) under `rule`, elementwise."""
+    if rule == "value":
+        return (prior + value_sum) / (1.0 + visits)
+    if rule == "uncertainty":
+        q = (prior + value_sum + 0.5) / (visits + 2.0)
+        return 4.0 * q * (1.0 - q)
+    raise ValueError(f"replay priority rule {rule!r}: choose from {RULES}")
+
+
+def priority(state: ReplayState, c_ucb, rule: str = "value") -> jax.Array:
     """[C] float32 priority of every slot (module docstring); + 0.0 turns -0.0 into 0.0 for top_k."""
-    p = value(state) + _bonus(_total_visits(state), state.visits, c_ucb) - DEMOTION * state.demoted
+    p = score(state.prior, state.value_sum, state.visits, rule) + _bonus(_total_visits(state), state.visits, c_ucb) \
+        - DEMOTION * state.demoted
     return jnp.where(state.length > 0, p + 0.0, -jnp.inf).astype(jnp.float32)
 
 
@@ -149,7 +169,8 @@ def _first_match(match_KxM):
     return jnp.any(match_KxM, axis=1), jnp.argmax(match_KxM, axis=1)
 
 
-def insert(state: ReplayState, tokens_KxT, length_K, prompt_K, prior_K, valid_K, step, version, c_ucb):
+def insert(state: ReplayState, tokens_KxT, length_K, prompt_K, prior_K, valid_K, step, version, c_ucb,
+           rule: str = "value"):
     """Insert up to K candidate states (module docstring for the rule). Returns (state, stats) with
     stats {inserted, evicted, duplicates} int32 scalars."""
     capacity, max_tokens = state.tokens.shape
@@ -172,9 +193,10 @@ def insert(state: ReplayState, tokens_KxT, length_K, prompt_K, prior_K, valid_K,
 
     pairs = min(num, capacity)
     total = _total_visits(state)
-    cand_priority = jnp.where(new, prior_K.astype(jnp.float32) + _bonus(total, 0.0, c_ucb) + 0.0, -jnp.inf)
+    cand_score = score(prior_K.astype(jnp.float32), 0.0, 0.0, rule)
+    cand_priority = jnp.where(new, cand_score + _bonus(total, 0.0, c_ucb) + 0.0, -jnp.inf).astype(jnp.float32)
     cand_p, cand = jax.lax.top_k(cand_priority, pairs)
-    neg_slot_p, slot = jax.lax.top_k(0.0 - priority(state, c_ucb), pairs)  # lowest first, ties lower slot
+    neg_slot_p, slot = jax.lax.top_k(0.0 - priority(state, c_ucb, rule), pairs)  # lowest first, ties lower slot
     slot_p = -neg_slot_p
     take = cand_p > slot_p
     evicted = take & (slot_p > -jnp.inf)
@@ -196,13 +218,13 @@ def insert(state: ReplayState, tokens_KxT, length_K, prompt_K, prior_K, valid_K,
     return new_state, {"inserted": inserted, "evicted": evicted, "duplicates": jnp.sum(duplicate, dtype=jnp.int32)}
 
 
-def sample(state: ReplayState, key, k: int, c_ucb, temperature, now=0, age_penalty=0.0):
+def sample(state: ReplayState, key, k: int, c_ucb, temperature, now=0, age_penalty=0.0, rule: str = "value"):
     """(indices [k] int32, valid [k] bool): k distinct slots by priority (module docstring), each
     priority lowered by age_penalty x (now - version): stale states are drawn less."""
     if k > state.capacity:
         raise ValueError(f"sample: k={k} exceeds the capacity {state.capacity}")
     age = jnp.maximum(jnp.asarray(now, jnp.int32) - state.version, 0).astype(jnp.float32)
-    p = priority(state, c_ucb) - jnp.asarray(age_penalty, jnp.float32) * age
+    p = priority(state, c_ucb, rule) - jnp.asarray(age_penalty, jnp.float32) * age
     tau = jnp.asarray(temperature, jnp.float32)
     noisy = p / jnp.where(tau > 0, tau, 1.0) + jax.random.gumbel(key, p.shape, jnp.float32)
     score = jnp.where(p > -jnp.inf, jnp.where(tau > 0, noisy, p), -jnp.inf)
@@ -280,8 +302,8 @@ def jitted(shardings: ReplayState | None = None) -> Jitted:
     def jit(fn, out, **kw):
         return jax.jit(fn, **kw) if shardings is None else jax.jit(fn, out_shardings=out, **kw)
 
-    return Jitted(insert=jit(insert, (shardings, whole), donate_argnums=0),
-                  sample=jit(sample, whole, static_argnames="k"),
+    return Jitted(insert=jit(insert, (shardings, whole), donate_argnums=0, static_argnames="rule"),
+                  sample=jit(sample, whole, static_argnames=("k", "rule")),
                   update_values=jit(update_values, shardings, donate_argnums=0),
                   backtrack=jit(backtrack, (shardings, whole), donate_argnums=0),
                   drop_prompts=jit(drop_prompts, shardings, donate_argnums=0),

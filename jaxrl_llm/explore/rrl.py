@@ -16,8 +16,13 @@ the success of the prompt's last fresh group, how it was first solved). Each ste
              `max_age`); every response of a still-unsolved prompt (fresh or continued) is cut at
              step boundaries (explore/cuts.py), `prefixes_per_response` cuts kept, prior = its reward
              as scored (partial credit when on), or with prior=steps the prefix's own share of the
-             reference solution's lines it has right (0 once a line is wrong); optionally the
-             reference solution too (prior 1, or its share with prior=steps).
+             reference solution's lines it has right (0 once a line is wrong: such prefixes are not
+             kept under priority=uncertainty); optionally the reference solution too (prior 1, or its
+             share with prior=steps).
+    priority `uncertainty` (default) draws the states whose continuations are likeliest to differ
+             (explore/replay.py), since a group of continuations that all succeed or all fail gives
+             GRPO no gradient; `value` draws the most valuable ones (ALGORITHMS.md §3). The step's
+             accuracy and pass@k are of its fresh rows; `replay_*` figures are the continuations'.
 
 Shapes are fixed for the run (states drawn: always k_max, candidates: N x prefixes per response),
 and the trainer pads contexts to one length and count bucket, so nothing compiles after warm-up.
@@ -154,7 +159,7 @@ class RRL(Explorer):
         k = min(self.k_max, int(c.replay_ratio * unsolved * plan.rows) // c.continuations)
         slots, valid = self.ops.sample(state.replay, jax.random.fold_in(info.key, 0), k=self.k_max, c_ucb=c.c_ucb,
                                        temperature=c.priority_temperature, now=info.step - 1,
-                                       age_penalty=c.age_penalty)
+                                       age_penalty=c.age_penalty, rule=c.priority)
         slots = np.asarray(slots)[:k][np.asarray(valid)[:k]]  # the k best draws (top-k order), occupied ones
         fresh = np.flatnonzero(~plan.replayed & ~plan.hindsight)
         freed = fresh[free_slots(plan.group[fresh], len(slots) * c.continuations)]
@@ -192,6 +197,9 @@ class RRL(Explorer):
         length, prompt = np.zeros(k, np.int32), np.zeros(k, np.int32)
         prior, valid = np.zeros(k, np.float32), np.zeros(k, bool)
         j = 0
+        # prior=steps under the uncertainty rule: only right-so-far prefixes. A prefix with a wrong line (prior 0)
+        # would score as uncertain as any unvisited state, yet its continuations almost surely all fail
+        skip_wrong = c.prior == "steps" and c.priority == "uncertainty"
 
         def add(item, response, p):
             nonlocal j
@@ -199,6 +207,8 @@ class RRL(Explorer):
             priors = np.array([p if c.prior == "response" else self.step_prior(item, response[:cut]) for cut in cuts],
                               np.float32)
             for i in keep_best(cuts, priors, c.prefixes_per_response):
+                if skip_wrong and priors[i] <= 0.0:
+                    continue
                 cut = cuts[i]
                 tokens[j, :cut] = response[:cut]
                 length[j], prompt[j], valid[j], prior[j] = cut, item, True, priors[i]
@@ -272,7 +282,7 @@ class RRL(Explorer):
         batch = np.asarray(info.prompt_ids)
         cand = self._candidates(rollouts, unsolved_P, batch[seen[batch] & unsolved_P[batch]])
         replay, ins = self.ops.insert(replay, *map(jnp.asarray, cand), jnp.int32(info.step), jnp.int32(info.step - 1),
-                                      jnp.float32(c.c_ucb))
+                                      jnp.float32(c.c_ucb), rule=c.priority)
         new = RRLState(replay=replay, fresh_solved=jnp.asarray(fresh_solved, jnp.float32),
                        fresh_count=jnp.asarray(fresh_count, jnp.float32), last_success=jnp.asarray(last, jnp.float32),
                        first_solved=jnp.asarray(first, jnp.int32))

@@ -145,18 +145,31 @@ def with_advantages(r: Rollouts, estimator: str) -> Rollouts:
 
 
 def rollout_metrics(r: Rollouts) -> dict:
+    """The step's sampled rows. Reward, accuracy and the group figures (pass@k, all-wrong / all-right
+    shares) are over the fresh rows only, so they measure the policy on the step's prompts whatever an
+    explorer adds; replayed continuations (RRL) are reported apart as `replay_*`, with the share of their
+    groups whose rewards are all equal (zero variance: no group-relative advantage, no gradient).
+    Lengths, entropy and temperature cover every sampled row (what sampling cost)."""
     out, rewards = r.out, r.rewards
+    fresh = ~r.plan.replayed & ~r.plan.hindsight
     correct = solved(rewards)
     mask = out.response_mask
-    return {
-        "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()), "accuracy": float(correct.mean()),
-        **group_stats(correct, r.plan.group),
+    metrics = {
+        "reward_mean": float(rewards[fresh].mean()), "reward_std": float(rewards[fresh].std()),
+        "accuracy": float(correct[fresh].mean()), **group_stats(correct[fresh], r.plan.group[fresh]),
         "response_len_mean": float(out.num_generated.mean()), "response_len_max": int(out.num_generated.max()),
         "truncated_share": float(np.mean(out.finish_reason == FINISH_LENGTH)),
         "entropy": float(out.entropy[mask].mean()) if mask.any() else 0.0,
         "temperature": float(np.mean(out.temperature)),
         "sampled_tokens": int(out.num_generated.sum()),
     }
+    replay = r.plan.replayed
+    if replay.any():
+        groups = [rewards[replay & (r.plan.group == g)] for g in np.unique(r.plan.group[replay])]
+        metrics.update({"replay_reward_mean": float(rewards[replay].mean()),
+                        "replay_accuracy": float(correct[replay].mean()),
+                        "replay_groups_zero_variance": float(np.mean([np.ptp(g) < 1e-6 for g in groups]))})
+    return metrics
 
 
 def update_rows(r: Rollouts) -> RowBatch:
