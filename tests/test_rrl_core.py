@@ -227,6 +227,9 @@ def test_observe_updates_values_drops_solved_and_inserts_cuts():
     assert first[0] == BY_FRESH and first[5] == BY_REPLAY and first[1] == NEVER
     assert m["rrl_solved_first_via_replay"] == 1 and m["rrl_replay_rows"] == 12 and m["rrl_replayed_states"] == 3
     assert m["rrl_continuation_success"] == pytest.approx(3 / 12)
+    # of the replay groups, only prompt 1's is on a prompt whose latest fresh group was all wrong (prompt 0's
+    # was solved, prompt 5 was never sampled fresh); one of its continuations got partial credit: mixed
+    assert m["rrl_replay_groups_all_wrong_prompts"] == 1 and m["rrl_replay_mixed_all_wrong_prompts"] == 1
     np.testing.assert_allclose(np.asarray(new.last_success)[:4], [1, 0, 0, 0])
     assert np.asarray(new.last_success)[5] == -1  # continuations do not count as the prompt's fresh success
 
@@ -409,3 +412,18 @@ def test_step_figures_are_of_fresh_rows_and_replay_groups_are_reported_apart():
     zero = [np.all(rewards[plan.group == g] == rewards[plan.group == g][0]) for g in rep_groups]
     assert m["replay_groups_zero_variance"] == pytest.approx(np.mean(zero)) and np.mean(zero) >= 1 / 3
     assert m["sampled_tokens"] == 32  # cost still counts every row
+
+
+def test_rubric_item_rates_are_of_fresh_rows():
+    """rubric_item_met: the share of fresh rows meeting each rubric item by position (what HeRL's hidden-item
+    control reads); a replayed row's items do not count."""
+    from jaxrl_llm.train.rollout import rollout_metrics
+
+    plan = RowPlan.groups([4, 4], 1.0, jax.random.key(0), prompt_ids=[0, 1])
+    plan = dataclasses.replace(plan, replayed=np.arange(8) >= 6)
+    met = np.zeros((8, 2), bool)
+    met[:, 0] = True
+    met[[1, 6, 7], 1] = True  # one fresh row meets item 1, and both replayed rows
+    r = _rollouts(plan, [(5,)] * 8, met.mean(axis=1), np.ones(8, bool))
+    m = rollout_metrics(dataclasses.replace(r, met=met))
+    assert m["rubric_item_met"] == pytest.approx([1.0, 1 / 6], abs=1e-6)

@@ -267,6 +267,15 @@ class RRL(Explorer):
             replay, bt = self.ops.backtrack(replay, jnp.asarray(slots), jnp.asarray(valid), float(c.min_visits),
                                             float(c.backtrack_margin))
             same = fresh_count[plan.prompt[cont]] > 0
+            # replay groups on prompts whose latest fresh group was all wrong (GRPO's gradient there is exactly
+            # zero), and how many of those are mixed (their continuations' rewards differ: a gradient after all)
+            on_wrong = mixed = 0
+            for g in pending["groups"]:
+                rows = plan.group == g
+                if last[plan.prompt[rows][0]] == 0.0:
+                    on_wrong += 1
+                    mixed += int(np.ptp(rollouts.scored[rows]) > 1e-6)
+            metrics.update({"rrl_replay_groups_all_wrong_prompts": on_wrong, "rrl_replay_mixed_all_wrong_prompts": mixed})
             metrics.update({
                 "rrl_replay_value": float(np.mean(pending["value"])), "rrl_demoted": int(to_host(bt["demoted"])),
                 "rrl_continuation_success": float(ok[cont].mean()),

@@ -149,6 +149,7 @@ def rollout_metrics(r: Rollouts) -> dict:
     shares) are over the fresh rows only, so they measure the policy on the step's prompts whatever an
     explorer adds; replayed continuations (RRL) are reported apart as `replay_*`, with the share of their
     groups whose rewards are all equal (zero variance: no group-relative advantage, no gradient).
+    Rubric tasks add `rubric_item_met`: the share of fresh rows meeting each rubric item, by position.
     Lengths, entropy and temperature cover every sampled row (what sampling cost)."""
     out, rewards = r.out, r.rewards
     fresh = ~r.plan.replayed & ~r.plan.hindsight
@@ -163,6 +164,8 @@ def rollout_metrics(r: Rollouts) -> dict:
         "temperature": float(np.mean(out.temperature)),
         "sampled_tokens": int(out.num_generated.sum()),
     }
+    if r.met is not None and r.met.shape[1]:  # rubric tasks: how often each item position is met (fresh rows)
+        metrics["rubric_item_met"] = [round(float(x), 6) for x in r.met[fresh].mean(axis=0)]
     replay = r.plan.replayed
     if replay.any():
         groups = [rewards[replay & (r.plan.group == g)] for g in np.unique(r.plan.group[replay])]

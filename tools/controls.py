@@ -1,0 +1,156 @@
+"""Mechanism checks of the positive controls (issue 25): for each finished run of a control spec, the
+figures its prediction is about, and whether the prediction held. The predictions are written here and
+in the spec's header before the runs; this reads the runs' records (the archive or out_dir), never
+edits them.
+
+    .venv/bin/python tools/controls.py configs/ablate/e3_temperature_control.yaml [--out FILE.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ablate  # noqa: E402  (tools/ablate.py: spec loading and run records)
+
+TAIL = 10  # steps the "holds" figures average over, at the end of a run
+
+
+def _series(run: ablate.RunData, key: str) -> list[float]:
+    rows = ablate.by_step(run.rows, "train")
+    return [float(rows[s][key]) for s in sorted(rows) if key in rows[s]]
+
+
+def _tail_mean(values: list[float]) -> float:
+    return statistics.fmean(values[-TAIL:])
+
+
+def closed_loop(run: ablate.RunData, runs=()) -> dict:
+    """lr 0 from a low start temperature toward a set target: T rises monotonically until the entropy first
+    comes within 5 % of the target, and the last steps' mean entropy is within 5 % of it."""
+    temps, ents, target = _series(run, "temperature"), _series(run, "entropy"), _series(run, "e3_target_entropy")
+    h_star = target[0]
+    reach = next((i for i, h in enumerate(ents) if abs(h / h_star - 1) <= 0.05), len(ents))
+    rising = all(b >= a for a, b in zip(temps[:reach + 1], temps[1:reach + 1]))
+    gap = _tail_mean(ents) / h_star - 1
+    worst = max(abs(h / h_star - 1) for h in ents[-TAIL:])
+    return {"T first": temps[0], "T last": temps[-1], "target H*": h_star, "steps to reach 5 %": reach + 1,
+            "T monotone until then": rising, f"entropy gap, last {TAIL}": gap, f"worst step, last {TAIL}": worst,
+            "holds": rising and abs(gap) <= 0.05}
+
+
+def collapse_grpo(run: ablate.RunData, runs=()) -> dict:
+    """High learning rate under plain GRPO: the last steps' entropy is below half of step 1's."""
+    ents = _series(run, "entropy")
+    ratio = _tail_mean(ents) / ents[0]
+    return {"H step 1": ents[0], f"H last {TAIL}": _tail_mean(ents), "ratio": ratio, "holds": ratio < 0.5}
+
+
+def collapse_e3(run: ablate.RunData, runs=()) -> dict:
+    """The same learning rate with E3's temperature controller: the last steps' entropy within 10 % of target."""
+    ents, target = _series(run, "entropy"), _series(run, "e3_target_entropy")
+    gap = _tail_mean(ents) / target[-1] - 1
+    return {"H step 1": ents[0], f"H last {TAIL}": _tail_mean(ents), "target H*": target[-1],
+            "T last": _series(run, "temperature")[-1], "gap to target": gap, "holds": abs(gap) <= 0.10}
+
+
+def _weighted(run: ablate.RunData, key: str, weight: str) -> float:
+    """A per-step rate over the run, each step weighted by its count of `weight` (steps without it skipped)."""
+    rows = ablate.by_step(run.rows, "train").values()
+    pairs = [(float(r[key]), float(r[weight])) for r in rows if key in r and r.get(weight) and r[key] == r[key]]
+    total = sum(w for _, w in pairs)
+    return sum(v * w for v, w in pairs) / total if total else float("nan")
+
+
+def _total(run: ablate.RunData, key: str) -> float:
+    return float(sum(r.get(key, 0) for r in ablate.by_step(run.rows, "train").values()))
+
+
+def _replay_figures(run: ablate.RunData) -> dict:
+    on_wrong = _total(run, "rrl_replay_groups_all_wrong_prompts")
+    last = ablate.by_step(run.rows, "train")
+    return {"continuation success": _weighted(run, "rrl_continuation_success", "rrl_replay_rows"),
+            "fresh success, same prompts": _weighted(run, "rrl_fresh_success_same_prompts", "rrl_replay_rows"),
+            "replay groups on all-wrong prompts": on_wrong,
+            "mixed share of those": _total(run, "rrl_replay_mixed_all_wrong_prompts") / on_wrong if on_wrong else
+            float("nan"),
+            "zero-variance replay groups": _weighted(run, "replay_groups_zero_variance", "rrl_replayed_states"),
+            "solved first via replay": float(last[max(last)].get("rrl_solved_first_via_replay", 0))}
+
+
+def rrl(run: ablate.RunData, runs) -> dict:
+    """Continuations succeed at least twice as often as fresh rollouts of the same prompts; at least a quarter
+    of the replay groups on prompts whose latest fresh group was all wrong are mixed; some prompt is first
+    solved via replay."""
+    f = _replay_figures(run)
+    holds = (f["continuation success"] >= 2 * f["fresh success, same prompts"] and f["mixed share of those"] >= 0.25
+             and f["solved first via replay"] > 0)
+    return {**f, "holds": holds}
+
+
+def rrl_value(run: ablate.RunData, runs) -> dict:
+    """The value-greedy draw: a larger share of zero-variance replay groups than the uncertainty draw (arm rrl,
+    mean over its finished seeds)."""
+    f = _replay_figures(run)
+    theirs = [_replay_figures(r)["zero-variance replay groups"] for r in runs if r.arm == "rrl"]
+    ref = statistics.fmean(theirs) if theirs else float("nan")
+    return {**f, "rrl arm's zero-variance share": ref, "holds": f["zero-variance replay groups"] > ref}
+
+
+CHECKS = {  # spec file stem -> arm -> check
+    "e3_temperature_control": {"closed_loop": closed_loop, "closed_loop_100": closed_loop,
+                               "grpo_collapse": collapse_grpo,
+                               "e3_collapse": collapse_e3},
+    "rrl_control": {"rrl": rrl, "rrl_reference": rrl, "rrl_value": rrl_value},
+}
+
+
+def _fmt(v) -> str:
+    if isinstance(v, bool):
+        return "yes" if v else "NO"
+    if isinstance(v, float):
+        return f"{v:.3f}"
+    return str(v)
+
+
+def report(spec_path: str) -> str:
+    spec = ablate.load_spec(spec_path)
+    checks = CHECKS.get(Path(spec_path).stem)
+    if checks is None:
+        raise SystemExit(f"{spec_path}: no mechanism checks defined in tools/controls.py (known: {sorted(CHECKS)})")
+    runs, missing = ablate.collect(spec)
+    out = [f"# Mechanism checks: {spec_path}", "", f"Made by `python tools/controls.py {spec_path}`.", ""]
+    for arm, check in checks.items():
+        mine = [r for r in runs if r.arm == arm]
+        out += [f"## {arm}", "", (check.__doc__ or "").strip(), ""]
+        if not mine:
+            out += ["(no finished run)", ""]
+            continue
+        results = [(r.seed, check(r, runs)) for r in mine]
+        keys = list(results[0][1])
+        out += ["| seed | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
+        out += [f"| {seed} | " + " | ".join(_fmt(res[k]) for k in keys) + " |" for seed, res in results]
+        held = sum(res["holds"] for _, res in results)
+        out += ["", f"Prediction held in {held} of {len(results)} runs.", ""]
+    if missing:
+        out += ["## Not finished", ""] + [f"- {arm} seed {seed}: {why}" for arm, seed, why in missing] + [""]
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("spec")
+    p.add_argument("--out", help="also write the report to this file")
+    args = p.parse_args(argv)
+    text = report(args.spec)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
