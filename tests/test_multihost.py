@@ -16,13 +16,15 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import pytest
 import yaml
 from flax import nnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_rrl import _rrl_cfg  # noqa: E402
-from test_trainer import RESUME_EXIT_CODE, _train_rows, _wait_for_row  # noqa: E402
+from test_trainer import RESUME_EXIT_CODE, _tiny_cfg, _train_rows, _wait_for_row  # noqa: E402
 
+from jaxrl_llm.parallel.watchdog import STALE_S  # noqa: E402
 from jaxrl_llm.train.loop import Run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -189,3 +191,32 @@ def test_two_hosts_train_as_one_and_stop_and_resume_together(tmp_path):
     explore_close = lambda x, y: np.testing.assert_allclose(  # noqa: E731
         np.asarray(x, np.float64), np.asarray(y, np.float64), rtol=1e-4, atol=1e-6)
     jax.tree.map(explore_close, jax.device_get(two.state.explore), jax.device_get(ref.state.explore))
+
+
+@pytest.mark.parametrize("silent", [1, 0])
+def test_a_silent_process_ends_the_run_with_the_resume_status_naming_it(tmp_path, silent):
+    """One process of two stops answering (SIGSTOP) after step 2: the live one must not wait forever in the
+    next collective. Within the watchdog's bound (what it reports: K x the median recent step, at least
+    watchdog_floor_s) plus STALE_S of silent heartbeats it exits 75, naming the silent process; that holds
+    for the coordinator (process 0, which serves the key-value store) too."""
+    cfg = _tiny_cfg(tmp_path, "train.steps=10000", "train.checkpoint_every=10000", "train.watchdog_floor_s=2",
+                    "train.watchdog_ceiling_s=600")
+    procs = _spawn_pair(tmp_path, cfg)
+    live = procs[1 - silent]
+    try:
+        _wait_for_row(procs[0], Path(cfg.train.out_dir) / "metrics.jsonl", '"step": 3, "kind": "train"', timeout=400)
+        procs[silent].send_signal(signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        out, _ = live.communicate(timeout=120)
+        waited = time.monotonic() - stopped_at
+    finally:
+        procs[silent].kill()
+        procs[silent].communicate(timeout=60)
+        live.kill()
+    assert live.returncode == RESUME_EXIT_CODE, out[-3000:]
+    line = re.search(r"watchdog \(process (\d)\): no cross-host agreement for (\d+) s after agreement \d+ "
+                     r"\(overdue after (\d+) s\); process (?:0 is )?silent:? ?(.*)", out)
+    assert line and int(line[1]) == 1 - silent, out[-3000:]
+    assert f"process {silent}" in line[0] and "exiting with status 75" in line[0], line[0]
+    overdue = int(line[3])
+    assert 2 <= overdue < 60 and STALE_S <= waited <= overdue + STALE_S + 10, (overdue, waited, line[0])

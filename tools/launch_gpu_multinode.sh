@@ -4,10 +4,15 @@
 # jaxrl_llm/parallel/distributed.py), stream the first host's log, and restart the run from its checkpoint
 # whenever it stops for preemption (exit 75). Ctrl-C / SIGTERM stop every host cleanly (each saves).
 # The hosts need passwordless ssh and a shared or identical train.out_dir path (README, "Scale-out": how a
-# step runs on several processes); --dry-run shows the plan.
+# step runs on several processes); --dry-run shows the plan. What travels: the files git tracks (as they are
+# here) and each --include PATH, never other untracked files (a stray .env); the archive is deleted on the
+# host once unpacked. The config and overrides travel in that archive (tools/remote_run.sh reads them), so no
+# value can change a remote command. A host whose start fails, or whose log does not appear within
+# LOG_TIMEOUT_S (600) seconds, ends the launch (the hosts already started are stopped). A stop reaches each
+# host's trainer by its process id (other runs on the host are left alone).
 #
-#   bash tools/launch_gpu_multinode.sh --hosts gpu0,gpu1 [--port 8476] [--dir jaxrl_llm] [--dry-run] \
-#        -- CONFIG [a.b=value ...]
+#   bash tools/launch_gpu_multinode.sh --hosts gpu0,gpu1 [--port 8476] [--dir jaxrl_llm] [--include PATH]... \
+#        [--dry-run] -- CONFIG [a.b=value ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/launch_lib.sh
@@ -17,6 +22,7 @@ while [ $# -gt 0 ]; do
     --hosts) hosts=$2; shift 2 ;;
     --port) port=$2; shift 2 ;;
     --dir) dir=$2; shift 2 ;;
+    --include) INCLUDE+=("$2"); shift 2 ;;
     --dry-run) DRY_RUN=1; shift ;;
     --) shift; break ;;
     *) echo "launch_gpu_multinode: unknown option $1 (see the header of $0)" >&2; exit 2 ;;
@@ -27,29 +33,40 @@ if [ "${#host_list[@]}" -lt 1 ] || [ -z "${host_list[0]}" ]; then
   echo "launch_gpu_multinode: --hosts h1,h2,... is required (the first host coordinates)" >&2; exit 2
 fi
 need_config "${1:-}"
+for h in "${host_list[@]}"; do plain_word "$h" "host"; done
+plain_word "$dir" "--dir"
+[[ "$port" =~ ^[0-9]+$ ]] || { echo "launch_gpu_multinode: --port $port is not a number" >&2; exit 2; }
+[[ "$LOG_TIMEOUT_S" =~ ^[0-9]+$ ]] || { echo "launch_gpu_multinode: LOG_TIMEOUT_S=$LOG_TIMEOUT_S is not a number" >&2; exit 2; }
 n=${#host_list[@]}
 coordinator="${host_list[0]}:$port"
 
-archive=$(mktemp -d)/jaxrl_llm.tar.gz
-run tar -czf "$archive" $(git ls-files -co --exclude-standard)
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+archive=$stage/jaxrl_llm.tar.gz
+make_archive "$archive" "$@"
 for h in "${host_list[@]}"; do
   run scp "$archive" "$h:~/jaxrl_llm.tar.gz"
-  run ssh "$h" "mkdir -p ~/$dir && tar -xzf ~/jaxrl_llm.tar.gz -C ~/$dir && cd ~/$dir && bash tools/setup.sh cuda"
+  run ssh "$h" "$(unpack_command "$dir" cuda)"
 done
 
-cmd="$(train_command "$@")"
-stream="cd ~/$dir && (tail -n +1 -F train.log & t=\$!; while [ ! -f exit_code ]; do sleep 5; done; sleep 1; kill \$t); exit \$(cat exit_code)"
-stop="pkill -TERM -f 'jaxrl-llm train' || true"
-stop_all() { for h in "${host_list[@]}"; do ssh "$h" "$stop" || true; done; }
+at="cd ~/$dir && LOG_TIMEOUT_S=$LOG_TIMEOUT_S bash tools/remote_run.sh"
+stop="$at stop"
+stop_all() { local h; for h in "${host_list[@]}"; do ssh "$h" "$stop" || true; done; }
 one() {
   local i=0 h rc
   for h in "${host_list[@]}"; do
-    run ssh "$h" "cd ~/$dir && rm -f exit_code && (nohup bash -c 'JAXRL_COORDINATOR_ADDRESS=$coordinator JAXRL_NUM_PROCESSES=$n JAXRL_PROCESS_ID=$i XLA_PYTHON_CLIENT_MEM_FRACTION=0.92 $cmd > train.log 2>&1; echo \$? > exit_code' >/dev/null 2>&1 &)"
+    if ! run ssh "$h" "$at start JAXRL_COORDINATOR_ADDRESS=$coordinator JAXRL_NUM_PROCESSES=$n JAXRL_PROCESS_ID=$i \
+XLA_PYTHON_CLIENT_MEM_FRACTION=0.92"; then
+      echo "launch_gpu_multinode: starting the run on $h failed; stopping the hosts started before it" >&2
+      stop_all
+      return 1
+    fi
     i=$((i + 1))
   done
-  [ "$DRY_RUN" != 1 ] && trap 'STOPPING=1; stop_all' INT TERM
-  run ssh "${host_list[0]}" "$stream" && rc=0 || rc=$?
-  trap - INT TERM
+  watch_child stop_all ssh "${host_list[0]}" "$at stream" && rc=0 || rc=$?
+  if [ "$STOPPING" = 1 ] && [ "$rc" != 0 ] && [ "$rc" != "$RESUME_EXIT_CODE" ]; then
+    ssh "${host_list[0]}" "$at stream" && rc=0 || rc=$?  # the stream died with the Ctrl-C: wait for the save
+  fi
   return "$rc"
 }
 [ "$DRY_RUN" = 1 ] && echo "# on Ctrl-C / SIGTERM, on every host: + ssh HOST \"$stop\""

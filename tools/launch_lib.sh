@@ -1,6 +1,7 @@
-# Shared by tools/launch_*.sh (sourced, not run): dry-run aware command runner, the resume loop, and the
-# training command line. A launch script sets DRY_RUN=1 on --dry-run: every command that would touch a
-# machine is printed (one line each, prefixed "+ ") instead of run.
+# Shared by tools/launch_*.sh (sourced, not run): dry-run aware command runner, the resume loop, signals that
+# reach the run while its log streams, and what a multi-host launch ships and runs on each host. A launch
+# script sets DRY_RUN=1 on --dry-run: every command that would touch a machine is printed (one line each,
+# prefixed "+ ") instead of run.
 
 RESUME_EXIT_CODE=75  # jaxrl_llm/train/loop.py: stopped by SIGTERM / preemption after saving; run again to resume
 DRY_RUN=${DRY_RUN:-0}
@@ -12,13 +13,6 @@ run() {  # run "$@", or print it under --dry-run
   else
     "$@"
   fi
-}
-
-train_command() {  # the trainer's command line for CONFIG [a.b=value ...], shell-quoted, for a remote shell
-  local out="env HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 .venv/bin/jaxrl-llm train --config"
-  local arg
-  for arg in "$@"; do out+=" $(printf '%q' "$arg")"; done
-  printf '%s' "$out"
 }
 
 resume_loop() {  # resume_loop FUNCTION: call it until it exits with something other than RESUME_EXIT_CODE
@@ -43,15 +37,61 @@ need_config() {  # need_config CONFIG: the config must exist here (it is copied 
 }
 
 STOPPING=0
+CHILD=""
 run_child() {  # run "$@" as a child; SIGINT / SIGTERM to this script reach it as SIGTERM (it saves and exits)
+  watch_child term_child "$@"
+}
+term_child() { kill -TERM "$CHILD" 2>/dev/null || true; }
+
+watch_child() {  # watch_child ON_STOP CMD...: run CMD as a child; on SIGINT / SIGTERM call ON_STOP and keep waiting
+  # (a foreground command would defer the trap until it ends: a streamed log never ends by itself)
+  local on_stop=$1 rc
+  shift
   if [ "$DRY_RUN" = 1 ]; then run "$@"; return 0; fi
   "$@" &
-  local child=$! rc
-  trap 'STOPPING=1; kill -TERM '"$child"' 2>/dev/null || true' INT TERM
+  CHILD=$!
+  trap 'STOPPING=1; '"$on_stop" INT TERM
   while :; do
-    wait "$child" && rc=0 || rc=$?
-    kill -0 "$child" 2>/dev/null || break  # wait returned for a trapped signal while the child still runs
+    wait "$CHILD" && rc=0 || rc=$?
+    kill -0 "$CHILD" 2>/dev/null || break  # wait returned for a trapped signal while the child still runs
   done
   trap - INT TERM
   return "$rc"
+}
+
+# -- multi-host launches: what travels to the hosts, and the commands they run (tools/remote_run.sh there) --
+LOG_TIMEOUT_S=${LOG_TIMEOUT_S:-600}  # a run whose log has not appeared by then failed to start
+INCLUDE=()  # --include PATH: untracked files to ship as well (a local model folder, a data file)
+
+plain_word() {  # plain_word VALUE WHAT: VALUE goes into a remote command line, so only plain characters
+  if ! [[ "$1" =~ ^[A-Za-z0-9_@.][A-Za-z0-9_@./:-]*$ ]]; then
+    echo "launch: $2 '$1' may hold only letters, digits and _@.:/- (it becomes part of a remote command)" >&2; exit 2
+  fi
+}
+
+make_archive() {  # make_archive ARCHIVE CONFIG [a.b=value ...]: the tracked files as they are here, the --include
+  # paths, and .launch_args (the run's arguments, NUL separated: no value is ever part of a remote command)
+  local archive=$1 stage p
+  shift
+  stage=$(dirname "$archive")
+  for p in "${INCLUDE[@]}"; do
+    if [[ "$p" = /* || "/$p/" = */../* ]]; then
+      echo "launch: --include $p must be a path inside the project" >&2; exit 2
+    fi
+    if [ ! -e "$p" ]; then echo "launch: --include $p: no such file or folder" >&2; exit 2; fi
+  done
+  printf '%s\0' "$@" > "$stage/.launch_args"
+  { git ls-files -z | while IFS= read -r -d '' p; do if [ -e "$p" ]; then printf '%s\0' "$p"; fi; done
+    for p in "${INCLUDE[@]}" tools/remote_run.sh; do printf '%s\0' "$p"; done  # the hosts' agent, even untracked
+    [[ "$1" = /* || "/$1/" = */../* ]] || printf '%s\0' "$1"; } > "$stage/files"  # the config, tracked or not
+  run tar -czf "$archive" --null -T "$stage/files" -C "$stage" .launch_args
+  if [ "$DRY_RUN" = 1 ]; then
+    printf '# %s files; on each host the run is: jaxrl-llm train --config' "$(tr -cd '\0' < "$stage/files" | wc -c)"
+    printf ' %q' "$@"; printf '\n'
+  fi
+}
+
+unpack_command() {  # unpack_command DIR SETUP_ARG: unpack the archive into ~/DIR, delete it, set up
+  printf '%s' "mkdir -p ~/$1 && tar -xzf ~/jaxrl_llm.tar.gz -C ~/$1 && rm -f ~/jaxrl_llm.tar.gz && cd ~/$1 && "
+  printf '%s' "bash tools/setup.sh $2"
 }

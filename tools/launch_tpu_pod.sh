@@ -3,12 +3,14 @@
 # set it up there, start the same training command on all workers, stream worker 0's log, and restart
 # the run from its checkpoint whenever it stops for preemption or maintenance (exit 75). Ctrl-C / SIGTERM
 # stop every worker cleanly (each saves), then the script exits; run it again to resume.
-# Needs the gcloud CLI, logged in. Multi-host slices (more than one worker, e.g. v5p-64) need the multi-host
-# data path, which the trainer refuses until it lands (README, "Scale-out"); single-host slices
-# (v5litepod-8, v4-8) run now.
+# What travels, how arguments reach the workers, start failures, the log timeout (LOG_TIMEOUT_S) and stops by
+# process id: as in tools/launch_gpu_multinode.sh. Needs the gcloud CLI, logged in. Multi-host slices (more
+# than one worker, e.g. v5p-64) need the multi-host data path, which the trainer refuses until it lands
+# (README, "Scale-out"); single-host slices (v5litepod-8, v4-8) run now.
 #
 #   bash tools/launch_tpu_pod.sh --name NAME --zone ZONE --type v5litepod-8 [--version tpu-ubuntu2204-base]
-#        [--project PROJECT] [--create] [--spot] [--dir jaxrl_llm] [--dry-run] -- CONFIG [a.b=value ...]
+#        [--project PROJECT] [--create] [--spot] [--dir jaxrl_llm] [--include PATH]... [--dry-run] \
+#        -- CONFIG [a.b=value ...]
 #   bash tools/launch_tpu_pod.sh --dry-run --name rl --zone us-west4-a --type v5litepod-8 --create -- configs/tpu_qwen2.5_1.5b.yaml
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +24,7 @@ while [ $# -gt 0 ]; do
     --version) version=$2; shift 2 ;;
     --project) project=$2; shift 2 ;;
     --dir) dir=$2; shift 2 ;;
+    --include) INCLUDE+=("$2"); shift 2 ;;
     --create) create=1; shift ;;
     --spot) spot=1; shift ;;
     --dry-run) DRY_RUN=1; shift ;;
@@ -33,6 +36,8 @@ for v in name zone; do
   if [ -z "${!v}" ]; then echo "launch_tpu_pod: --$v is required" >&2; exit 2; fi
 done
 need_config "${1:-}"
+plain_word "$dir" "--dir"
+[[ "$LOG_TIMEOUT_S" =~ ^[0-9]+$ ]] || { echo "launch_tpu_pod: LOG_TIMEOUT_S=$LOG_TIMEOUT_S is not a number" >&2; exit 2; }
 gc=(gcloud compute tpus tpu-vm)
 where=(--zone="$zone")
 [ -n "$project" ] && where+=(--project="$project")
@@ -48,28 +53,31 @@ if [ "$DRY_RUN" = 1 ] || ! "${gc[@]}" describe "$name" "${where[@]}" >/dev/null 
   fi
 fi
 
-# 2. the project on every worker: tracked and untracked-but-not-ignored files, set up with TPU jax
-archive=$(mktemp -d)/jaxrl_llm.tar.gz
-run tar -czf "$archive" $(git ls-files -co --exclude-standard)
+# 2. the project on every worker: the files git tracks, each --include PATH and the run's arguments
+#    (.launch_args, read by tools/remote_run.sh there), set up with TPU jax; the archive is deleted once unpacked
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+archive=$stage/jaxrl_llm.tar.gz
+make_archive "$archive" "$@"
 run "${gc[@]}" scp "$archive" "$name:~/jaxrl_llm.tar.gz" "${where[@]}" --worker=all
-run "${gc[@]}" ssh "$name" "${where[@]}" --worker=all \
-  --command="mkdir -p ~/$dir && tar -xzf ~/jaxrl_llm.tar.gz -C ~/$dir && cd ~/$dir && bash tools/setup.sh tpu"
+run "${gc[@]}" ssh "$name" "${where[@]}" --worker=all --command="$(unpack_command "$dir" tpu)"
 
 # 3. the run on all workers (JAXRL_DISTRIBUTED=auto: jax.distributed finds the slice's workers itself),
 #    each logging to ~/DIR/train.log and leaving its exit status in ~/DIR/exit_code; worker 0 streamed
-cmd="$(train_command "$@")"
-start="cd ~/$dir && rm -f exit_code && (nohup bash -c 'JAXRL_DISTRIBUTED=auto $cmd > train.log 2>&1; echo \$? > exit_code' >/dev/null 2>&1 &)"
-stream="cd ~/$dir && (tail -n +1 -F train.log & t=\$!; while [ ! -f exit_code ]; do sleep 5; done; sleep 1; kill \$t); exit \$(cat exit_code)"
-stop="pkill -TERM -f 'jaxrl-llm train' || true"
+at="cd ~/$dir && LOG_TIMEOUT_S=$LOG_TIMEOUT_S bash tools/remote_run.sh"
+stop_all() { "${gc[@]}" ssh "$name" "${where[@]}" --worker=all --command="$at stop" || true; }
 one() {
-  run "${gc[@]}" ssh "$name" "${where[@]}" --worker=all --command="$start"
-  if [ "$DRY_RUN" != 1 ]; then
-    trap 'STOPPING=1; "${gc[@]}" ssh "$name" "${where[@]}" --worker=all --command="$stop"' INT TERM
-  fi
   local rc
-  run "${gc[@]}" ssh "$name" "${where[@]}" --worker=0 --command="$stream" && rc=0 || rc=$?
-  trap - INT TERM
+  if ! run "${gc[@]}" ssh "$name" "${where[@]}" --worker=all --command="$at start JAXRL_DISTRIBUTED=auto"; then
+    echo "launch_tpu_pod: starting the run failed on a worker; stopping the workers that started" >&2
+    stop_all
+    return 1
+  fi
+  watch_child stop_all "${gc[@]}" ssh "$name" "${where[@]}" --worker=0 --command="$at stream" && rc=0 || rc=$?
+  if [ "$STOPPING" = 1 ] && [ "$rc" != 0 ] && [ "$rc" != "$RESUME_EXIT_CODE" ]; then
+    "${gc[@]}" ssh "$name" "${where[@]}" --worker=0 --command="$at stream" && rc=0 || rc=$?  # stream died with Ctrl-C
+  fi
   return "$rc"
 }
-[ "$DRY_RUN" = 1 ] && echo "# on Ctrl-C / SIGTERM: + ${gc[*]} ssh $name ${where[*]} --worker=all --command=\"$stop\""
+[ "$DRY_RUN" = 1 ] && echo "# on Ctrl-C / SIGTERM: + ${gc[*]} ssh $name ${where[*]} --worker=all --command=\"$at stop\""
 resume_loop one

@@ -15,6 +15,10 @@ from __future__ import annotations
 
 import os
 
+# jax.distributed ends every process (with a status no launch script resumes on) once one has missed its
+# heartbeats this long; parallel/watchdog.py names a silent process and exits with the resume status before that
+JAX_HEARTBEAT_TIMEOUT_S = 100
+
 
 class DistributedError(RuntimeError):
     pass
@@ -38,10 +42,11 @@ def initialize_from_env(environ=None) -> int:
         if not 0 <= i < n:
             raise DistributedError(f"JAXRL_PROCESS_ID={i} is not in [0, JAXRL_NUM_PROCESSES={n})")
         _cpu_collectives()
-        jax.distributed.initialize(coordinator_address=address, num_processes=n, process_id=i)
+        jax.distributed.initialize(coordinator_address=address, num_processes=n, process_id=i,
+                                   heartbeat_timeout_seconds=JAX_HEARTBEAT_TIMEOUT_S)
     elif env.get("JAXRL_DISTRIBUTED", "") == "auto":
         _cpu_collectives()
-        jax.distributed.initialize()
+        jax.distributed.initialize(heartbeat_timeout_seconds=JAX_HEARTBEAT_TIMEOUT_S)
     elif env.get("JAXRL_DISTRIBUTED", ""):
         raise DistributedError(f"JAXRL_DISTRIBUTED={env['JAXRL_DISTRIBUTED']!r}: the only value is 'auto'")
     else:

@@ -12,7 +12,10 @@ How a step runs on H processes (parallel/distributed.py starts them):
     - values coming back from devices: `to_host` gathers a row-sharded array's shards from every process;
     - only process 0 writes logs, metrics and exports; orbax saves and restores across processes;
     - a stop asked on any host (SIGTERM) is agreed on at the end of the step (`any_process`) so every
-      process checkpoints the same step and exits together.
+      process checkpoints the same step and exits together;
+    - a process that falls silent (dies, freezes) would block the others in a collective forever: the watchdog
+      around that agreement (parallel/watchdog.py) then makes every live process name it and exit with the
+      resume status.
 
 With one process every function here is the identity (no collective runs).
 """

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The multi-host launch scripts' (tools/launch_gpu_multinode.sh, tools/launch_tpu_pod.sh) agent on each host,
+# run from the project's folder there. The run's config and overrides arrive in the file .launch_args (NUL
+# separated, shipped in the project archive), never in a remote command line, so no value can change what
+# the remote shell runs.
+#
+#   bash tools/remote_run.sh start [NAME=VALUE ...]   start the trainer in the background with these variables;
+#                                                     fails unless its log train.log appears in LOG_TIMEOUT_S
+#   bash tools/remote_run.sh stream [LOG_TIMEOUT_S]   print train.log until the run ends; exit with its status
+#   bash tools/remote_run.sh stop                     SIGTERM to this run's trainer (by process id): it saves
+#                                                     and exits 75
+# Files beside the project: train.log, exit_code (the trainer's exit status), run.pid (the trainer's process id),
+# wrap.pid (the process that waits for it and writes exit_code).
+set -euo pipefail
+LOG_TIMEOUT_S=${LOG_TIMEOUT_S:-600}
+
+alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+wait_for_log() {  # wait_for_log SECONDS: true once train.log exists
+  local waited=0
+  while [ ! -f train.log ]; do
+    if [ "$waited" -ge "$1" ]; then return 1; fi
+    sleep 1; waited=$((waited + 1))
+  done
+}
+
+case "${1:-}" in
+  start)
+    shift
+    for kv in "$@"; do
+      [[ "$kv" =~ ^[A-Z_][A-Z0-9_]*=[A-Za-z0-9_.:@-]*$ ]] || { echo "remote_run: bad variable $kv" >&2; exit 2; }
+    done
+    [ -f .launch_args ] || { echo "remote_run: no .launch_args in $PWD (copy the project again)" >&2; exit 2; }
+    if alive run.pid; then echo "remote_run: a run is still going in $PWD (process $(cat run.pid))" >&2; exit 2; fi
+    rm -f exit_code run.pid wrap.pid train.log
+    nohup bash tools/remote_run.sh wrap "$@" >/dev/null 2>&1 &
+    if ! wait_for_log "$LOG_TIMEOUT_S"; then
+      echo "remote_run: the run's log $PWD/train.log did not appear within ${LOG_TIMEOUT_S} s" >&2; exit 3
+    fi
+    ;;
+  wrap)  # the trainer's parent: records its process id and, once it ends, its exit status
+    shift
+    echo $$ > wrap.pid
+    mapfile -d '' args < .launch_args
+    env "$@" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
+      .venv/bin/jaxrl-llm train --config "${args[@]}" > train.log 2>&1 &
+    echo $! > run.pid
+    wait $! && rc=0 || rc=$?
+    echo "$rc" > exit_code
+    ;;
+  stream)
+    timeout=${2:-$LOG_TIMEOUT_S}
+    if ! wait_for_log "$timeout"; then
+      echo "remote_run: the run's log $PWD/train.log did not appear within $timeout s" >&2; exit 3
+    fi
+    tail -n +1 -F train.log 2>/dev/null &
+    t=$!
+    trap 'kill $t 2>/dev/null || true' EXIT
+    while [ ! -f exit_code ]; do
+      if ! alive wrap.pid && [ ! -f exit_code ]; then
+        echo "remote_run: the run in $PWD ended without an exit status (its wrapper was killed)" >&2; exit 3
+      fi
+      sleep 1
+    done
+    sleep 1
+    exit "$(cat exit_code)"
+    ;;
+  stop)
+    if alive run.pid; then kill -TERM "$(cat run.pid)"; else echo "remote_run: no run going in $PWD" >&2; fi
+    ;;
+  *) echo "remote_run: start | stream | stop (see the header of $0)" >&2; exit 2 ;;
+esac
