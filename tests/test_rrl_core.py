@@ -408,6 +408,7 @@ def test_step_figures_are_of_fresh_rows_and_replay_groups_are_reported_apart():
     groups = [rewards[fresh & (plan.group == g)] for g in np.unique(plan.group[fresh])]
     assert m["pass@4"] == pytest.approx(np.mean([pass_at_k(len(g), int(g.sum()), 4) for g in groups]))
     assert m["groups_all_wrong"] == pytest.approx(np.mean([not g.any() for g in groups]))
+    assert m["rows_in_mixed_groups"] == pytest.approx(sum(len(g) for g in groups if 0 < g.sum() < len(g)) / fresh.sum())
     assert m["replay_accuracy"] == pytest.approx(rewards[rep].mean())
     zero = [np.all(rewards[plan.group == g] == rewards[plan.group == g][0]) for g in rep_groups]
     assert m["replay_groups_zero_variance"] == pytest.approx(np.mean(zero)) and np.mean(zero) >= 1 / 3

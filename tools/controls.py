@@ -100,10 +100,88 @@ def rrl_value(run: ablate.RunData, runs) -> dict:
     return {**f, "rrl arm's zero-variance share": ref, "holds": f["zero-variance replay groups"] > ref}
 
 
+WIDENED = 9  # first step of the budget control after its bounds have widened (epochs of 4 steps, delta 4)
+
+
+def budget(run: ablate.RunData, runs) -> dict:
+    """Once widened, the easiest rank quintile gets the lower bound and the hardest the upper (within a row);
+    more of the step's rows sit in mixed-reward groups than under GRPO (arm grpo, mean over its seeds), at
+    sampled tokens within 5 % of GRPO's."""
+    rows = [r for s, r in ablate.by_step(run.rows, "train").items() if s >= WIDENED]
+    q1 = statistics.fmean(r["e3_group_size_q1"] for r in rows if "e3_group_size_q1" in r)
+    q5 = statistics.fmean(r["e3_group_size_q5"] for r in rows if "e3_group_size_q5" in r)
+    n_min = statistics.fmean(r["e3_n_min"] for r in rows)
+    n_max = statistics.fmean(r["e3_n_max"] for r in rows)
+
+    def mixed(r):
+        return statistics.fmean(x["rows_in_mixed_groups"] for s, x in ablate.by_step(r.rows, "train").items()
+                                if s >= WIDENED)
+
+    grpo = [r for r in runs if r.arm == "grpo"]
+    mine, theirs = mixed(run), statistics.fmean(mixed(r) for r in grpo) if grpo else float("nan")
+    tokens = _total(run, "sampled_tokens")
+    their_tokens = statistics.fmean(_total(r, "sampled_tokens") for r in grpo) if grpo else float("nan")
+    holds = q1 <= n_min + 1 and q5 >= n_max - 1 and mine > theirs and abs(tokens / their_tokens - 1) <= 0.05
+    return {"group size q1 (easiest)": q1, "n_min": n_min, "group size q5 (hardest)": q5, "n_max": n_max,
+            "rows in mixed groups": mine, "GRPO's": theirs, "sampled tokens / GRPO's": tokens / their_tokens,
+            "holds": holds}
+
+
+HIDDEN = 1  # position of the hidden item in the HeRL control's rubrics (tools/hidden_rubric_tasks.py)
+
+
+def _hidden_rate(run: ablate.RunData) -> tuple[float, float]:
+    """(step 1's, the last 4 steps' mean) rate of the hidden item in fresh samples."""
+    rates = [r["rubric_item_met"][HIDDEN] for _, r in sorted(ablate.by_step(run.rows, "train").items())]
+    return rates[0], statistics.fmean(rates[-4:])
+
+
+def _final_eval(run: ablate.RunData, key: str) -> float:
+    evals = ablate.by_step(run.rows, "eval")
+    return float(evals[max(evals)].get(key, float("nan")))
+
+
+def _arm_mean(runs, arm: str, fn) -> float:
+    values = [fn(r) for r in runs if r.arm == arm]
+    return statistics.fmean(values) if values else float("nan")
+
+
+def herl_hidden(run: ablate.RunData, runs) -> dict:
+    """Revision success >= 0.3 over the first 4 steps (calibration); the hidden item's rate in fresh samples
+    (last 4 steps) at least 0.1 above GRPO's, and held-out sampled reward above GRPO's (means over GRPO's seeds)."""
+    trained = ablate.by_step(run.rows, "train")
+    success = statistics.fmean(trained[s]["herl_revision_success"] for s in sorted(trained)[:4]
+                               if "herl_revision_success" in trained[s])
+    start, end = _hidden_rate(run)
+    grpo_end = _arm_mean(runs, "grpo", lambda r: _hidden_rate(r)[1])
+    reward, grpo_reward = (_final_eval(run, "sampled_reward_mean"),
+                           _arm_mean(runs, "grpo", lambda r: _final_eval(r, "sampled_reward_mean")))
+    return {"revision success, steps 1-4": success, "hidden rate step 1": start, "hidden rate last 4": end,
+            "GRPO's last 4": grpo_end, "held-out sampled reward": reward, "GRPO's": grpo_reward,
+            "holds": success >= 0.3 and end >= grpo_end + 0.1 and reward > grpo_reward}
+
+
+def hidden_flat(run: ablate.RunData, runs) -> dict:
+    """The hidden item's rate (last 4 steps) stays within 0.1 of its step-1 base."""
+    start, end = _hidden_rate(run)
+    return {"hidden rate step 1": start, "hidden rate last 4": end, "holds": abs(end - start) <= 0.1}
+
+
+def herl_slower(run: ablate.RunData, runs) -> dict:
+    """A smaller hindsight weight: the hidden item's rise (last 4 steps minus step 1) below herl's (mean)."""
+    start, end = _hidden_rate(run)
+    theirs = _arm_mean(runs, "herl", lambda r: _hidden_rate(r)[1] - _hidden_rate(r)[0])
+    return {"hidden rate step 1": start, "hidden rate last 4": end, "rise": end - start, "herl's rise": theirs,
+            "holds": end - start < theirs}
+
+
 CHECKS = {  # spec file stem -> arm -> check
     "e3_temperature_control": {"closed_loop": closed_loop, "closed_loop_100": closed_loop,
                                "grpo_collapse": collapse_grpo,
                                "e3_collapse": collapse_e3},
+    "e3_budget_control": {"budget": budget},
+    "herl_control": {"herl": herl_hidden, "grpo": hidden_flat, "herl_revise_prompt": hidden_flat,
+                     "herl_low_weight": herl_slower},
     "rrl_control": {"rrl": rrl, "rrl_reference": rrl, "rrl_value": rrl_value},
 }
 

@@ -135,8 +135,11 @@ class E3(Explorer):
                    # groups with 0, 1, 2, ... rollouts this step (index = group size)
                    "e3_group_size_hist": np.bincount(sizes, minlength=self.cfg.n_high + 1).tolist(),
                    "e3_prompts_seen": int((to_host(new.count) > 0).sum())}
+        quint_b = np.minimum((to_host(state.rank)[np.asarray(info.prompt_ids)] * QUINTILES).astype(int), QUINTILES - 1)
         for q in range(QUINTILES):  # quintile 1 easiest
             rows = fresh & (quint == q)
             if rows.any():
                 metrics[f"e3_accuracy_q{q + 1}"] = float(correct[rows].mean())
+            if (quint_b == q).any():  # the rollouts each of the quintile's prompts got this step
+                metrics[f"e3_group_size_q{q + 1}"] = float(sizes[quint_b == q].mean())
         return new, metrics

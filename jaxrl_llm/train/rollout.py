@@ -158,6 +158,7 @@ def rollout_metrics(r: Rollouts) -> dict:
     metrics = {
         "reward_mean": float(rewards[fresh].mean()), "reward_std": float(rewards[fresh].std()),
         "accuracy": float(correct[fresh].mean()), **group_stats(correct[fresh], r.plan.group[fresh]),
+        "rows_in_mixed_groups": _mixed_share(rewards[fresh], r.plan.group[fresh]),
         "response_len_mean": float(out.num_generated.mean()), "response_len_max": int(out.num_generated.max()),
         "truncated_share": float(np.mean(out.finish_reason == FINISH_LENGTH)),
         "entropy": float(out.entropy[mask].mean()) if mask.any() else 0.0,
@@ -173,6 +174,12 @@ def rollout_metrics(r: Rollouts) -> dict:
                         "replay_accuracy": float(correct[replay].mean()),
                         "replay_groups_zero_variance": float(np.mean([np.ptp(g) < 1e-6 for g in groups]))})
     return metrics
+
+
+def _mixed_share(rewards: np.ndarray, group: np.ndarray) -> float:
+    """The share of rows whose group's rewards differ (the rows a group-relative advantage can move)."""
+    mixed = {g: np.ptp(rewards[group == g]) > 1e-6 for g in np.unique(group)}
+    return float(np.mean([mixed[g] for g in group]))
 
 
 def update_rows(r: Rollouts) -> RowBatch:
