@@ -76,7 +76,8 @@ def _cmd_eval(args) -> int:
 
     from jaxrl_llm.train.loop import Run
 
-    run = Run(_load_cfg(args, ["train.tensorboard=false"]), log=lambda m: print(m, file=sys.stderr))
+    # read-only: no lock (a live run can be evaluated), nothing moved or written into the run's folder
+    run = Run(_load_cfg(args, ["train.tensorboard=false"]), log=lambda m: print(m, file=sys.stderr), read_only=True)
     run.try_resume()
     with run.reward_pool() as pool:
         result = run.evaluate(pool)

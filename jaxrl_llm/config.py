@@ -147,6 +147,10 @@ class EvalSection:
     samples: int = 4  # samples per prompt at T = 1 for sampled accuracy and pass@k
     max_new_tokens: int = 0  # 0: rollout.max_new_tokens
     split: str = "heldout"  # heldout | train: which problems `jaxrl-llm eval` scores (train: how hard the task is)
+    # test-time self-revision (train/revise_eval.py): after the first answer, each rubric-graded problem not fully
+    # met is sent back with explore.herl.revise_template (met and unmet items, the draft) for a new answer, up to
+    # this many rounds, greedy and sampled; revise_* figures per round. No effect on tasks without a rubric
+    revise_rounds: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -450,6 +454,7 @@ def _validate(cfg: Config, source: str) -> None:
     need(a.kl_coef >= 0, f"algo.kl_coef={a.kl_coef} must be >= 0 (0 turns the KL term off)")
     need(cfg.eval.every >= 1 and cfg.eval.samples >= 1 and cfg.eval.size >= 0,
          f"eval.every ({cfg.eval.every}) and eval.samples ({cfg.eval.samples}) must be >= 1, eval.size >= 0")
+    need(cfg.eval.revise_rounds >= 0, f"eval.revise_rounds={cfg.eval.revise_rounds} must be >= 0 (0: no revise rounds)")
     rows = cfg.rollout.group_size * cfg.rollout.prompts_per_step
     need(rows % cfg.algo.minibatches == 0, f"algo.minibatches={cfg.algo.minibatches} must divide {rows} rollout rows")
     need((rows // cfg.algo.minibatches) % cfg.algo.micro_batch == 0 or cfg.algo.micro_batch >= rows,
@@ -505,11 +510,17 @@ def _validate(cfg: Config, source: str) -> None:
     for key in filter(None, (k.strip() for k in cfg.train.accept_changes.split(","))):
         need(key == "*" or _is_key(key), f"train.accept_changes names {key!r}, which is no config key or section")
     h = cfg.explore.herl
+    if h.enabled or cfg.eval.revise_rounds:
+        for field in ("{question}", "{draft}", "{met}", "{unmet}"):
+            need(field in h.revise_template, f"explore.herl.revise_template has no {field}")
+        try:  # any other field, or a lone brace, would fail at the first revision, steps or an eval into the run
+            h.revise_template.format(question="", draft="", met="", unmet="")
+        except (KeyError, IndexError, ValueError) as e:
+            need(False, f"explore.herl.revise_template does not format with the fields {{question}}, {{draft}}, "
+                 f"{{met}}, {{unmet}} ({type(e).__name__}: {e}); write a literal brace as {{{{ or }}}}")
     if h.enabled:
         need(h.candidate_limit >= 1 and h.num_guided >= 1 and h.replace_top_n >= 1,
              "explore.herl candidate_limit, num_guided and replace_top_n must be >= 1")
         need(h.guided_temperature >= 0 and h.alpha >= 0, "explore.herl guided_temperature and alpha must be >= 0")
         need(h.replace_top_n < cfg.rollout.group_size, f"explore.herl.replace_top_n={h.replace_top_n} must leave a "
              f"group of rollout.group_size={cfg.rollout.group_size} at least one of its own rows")
-        for field in ("{question}", "{draft}", "{met}", "{unmet}"):
-            need(field in h.revise_template, f"explore.herl.revise_template has no {field}")

@@ -46,7 +46,7 @@ from jaxrl_llm.train.checkpoint import Checkpointer
 from jaxrl_llm.train.evaluate import evaluate
 from jaxrl_llm.train.metrics import MetricsWriter, summary
 from jaxrl_llm.train.policy import build_policy, encode_items, encode_text
-from jaxrl_llm.train.run_dir import RunFolder
+from jaxrl_llm.train.run_dir import RunFolder, holding_folder
 from jaxrl_llm.train.rollout import plan_rows, rollout_metrics, sample_plan, score, update_rows, with_advantages
 from jaxrl_llm.train.sft import sft_batch
 from jaxrl_llm.train.state import TrainState
@@ -95,8 +95,7 @@ class Run:
     A run goes through stages, and a checkpoint marks how far it got, so a resumed run redoes
     nothing it finished: evaluation before SFT, SFT steps (checkpoints in `sft_checkpoints/`), the
     step-0 evaluation, RL steps (checkpoints in `checkpoints/`). A checkpoint is the train state.
-    The run folder is locked while a run builds, resumes and trains (train/run_dir.py); `read_only` (eval)
-    locks nothing and writes nothing there.
+    The folder is locked while the run builds, resumes, trains (train/run_dir.py); `read_only` (eval): never.
     """
 
     def __init__(self, cfg: Config, log=tqdm.write, *, read_only: bool = False):
@@ -229,11 +228,8 @@ class Run:
             return f"{what}: already in {ckpt.directory}/{step}, kept as it was"
         return f"{what} to {ckpt.directory}/{step}"
 
+    @holding_folder  # a damaged checkpoint may be moved aside: only by the folder's one writer
     def try_resume(self) -> bool:
-        with self.folder.held():  # a damaged checkpoint may be moved aside: only by the folder's one writer
-            return self._resume()
-
-    def _resume(self) -> bool:
         if not self.cfg.train.resume:
             return False
         sig, check = self.policy.signature(), self.folder.check
@@ -423,11 +419,8 @@ class Run:
         self.log(f"{label} held-out: {_fmt(result)}")
         return result
 
+    @holding_folder  # for the run's lifetime; the kernel releases it if the process dies
     def train(self) -> dict:
-        with self.folder.held():  # for the run's lifetime; the kernel releases it if the process dies
-            return self._train()
-
-    def _train(self) -> dict:
         cfg = self.cfg
         resumed = self.try_resume()
         st = self.state

@@ -1,9 +1,20 @@
-"""Step metrics: pass@k, group statistics, and the writer (metrics.jsonl + TensorBoard, process 0 only)."""
+"""Step metrics: pass@k, group statistics, the writer (metrics.jsonl + TensorBoard, process 0 only), and the
+run's closing summary.
+
+On a resume, metrics.jsonl keeps the rows written up to the checkpoint and drops the rest: the kept rows
+go to a temporary file that is renamed over it, so a crash (or a full disk) mid-way leaves the old file
+whole. TensorBoard event files cannot be cut, so each stage writes its own folder (`tensorboard/sft`:
+SFT and the pre-SFT evaluation, by SFT step; `tensorboard/rl`: RL steps and evaluations, by RL step)
+and a resumed writer starts with TensorBoard's purge marker (SessionLog.START at the first step it will
+write again): TensorBoard then hides the dropped steps' old events instead of showing those steps twice.
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -56,18 +67,20 @@ class MetricsWriter:
     def __init__(self, out_dir: Path, *, tensorboard: bool = True, keep_rows: int = 0):
         self.enabled = jax.process_index() == 0
         self.path = Path(out_dir) / "metrics.jsonl"
-        self.tb = None
+        self.tb_dir = Path(out_dir) / "tensorboard" if tensorboard else None
+        self.tb: dict = {}  # stage -> SummaryWriter, opened on its first row
         self.rows = keep_rows
         if not self.enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        kept = None
         if self.path.exists():
             kept = [ln for ln in self.path.read_text().splitlines() if ln.strip()][:keep_rows]
-            self.path.write_text("".join(ln + "\n" for ln in kept))
-        if tensorboard:
-            from tensorboardX import SummaryWriter
-
-            self.tb = SummaryWriter(str(Path(out_dir) / "tensorboard"))
+            replace_text(self.path, "".join(ln + "\n" for ln in kept))
+        # per stage, the first step a resumed run writes again (0 when it kept none): events from there on are stale
+        self.purge = None if kept is None else {stage: 1 + max(
+            [json.loads(ln)["step"] for ln in kept if _stage(json.loads(ln)["kind"]) == stage], default=-1)
+            for stage in ("sft", "rl")}
 
     def write(self, step: int, metrics: dict, kind: str = "train") -> None:
         self.rows += 1
@@ -76,15 +89,59 @@ class MetricsWriter:
         row = {"step": step, "kind": kind, "wall_time": time.time(), **{k: _plain(v) for k, v in metrics.items()}}
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
-        if self.tb is not None:
+        if self.tb_dir is not None:
+            tb = self._tb(_stage(kind))
             for k, v in row.items():
                 if isinstance(v, (int, float)) and k != "step":
-                    self.tb.add_scalar(f"{kind}/{k}", v, step)
-            self.tb.flush()
+                    tb.add_scalar(f"{kind}/{k}", v, step)
+            tb.flush()
+
+    def _tb(self, stage: str):
+        if stage not in self.tb:
+            from tensorboardX import SummaryWriter
+
+            # the file name is tensorboardX's (whole seconds, host) plus ours: a restart within the same second
+            # would otherwise write over the earlier session's file
+            self.tb[stage] = SummaryWriter(str(self.tb_dir / stage), filename_suffix=f".{time.time_ns()}",
+                                           purge_step=None if self.purge is None else self.purge[stage])
+        return self.tb[stage]
 
     def close(self) -> None:
-        if self.tb is not None:
-            self.tb.close()
+        for tb in self.tb.values():
+            tb.close()
+
+
+def summary(out_dir: Path) -> str:
+    """Held-out accuracy at the start of the run (before SFT if any), at RL step 0, and at its last evaluation."""
+    path = Path(out_dir) / "metrics.jsonl"
+    rows = read_rows(path) if path.exists() else []
+    # evaluations that scored something (an empty held-out set, e.g. every item also a training one, scores nothing)
+    evals = [r for r in rows if r["kind"] in ("eval_before_sft", "eval") and "greedy_accuracy" in r]
+    if not evals:
+        return f"summary ({out_dir}): no held-out problems were evaluated"
+    keys = ("greedy_accuracy", "sampled_accuracy")
+    points = [("start", evals[0])] + ([("RL step 0", evals[1])] if evals[0]["kind"] == "eval_before_sft"
+                                       and len(evals) > 2 else []) + [(f"step {evals[-1]['step']}", evals[-1])]
+    return f"summary ({out_dir}): " + "; ".join(
+        f"{k.replace('_', ' ')} " + " -> ".join(f"{r[k]:.3f} ({w})" for w, r in points) for k in keys)
+
+
+def _stage(kind: str) -> str:
+    return "sft" if kind in ("sft", "eval_before_sft") else "rl"
+
+
+def replace_text(path: Path, text: str) -> None:
+    """Write `path` whole or not at all: a temporary file beside it, flushed to disk, renamed over it."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _plain(v):
