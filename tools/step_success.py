@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     cfg = load_config(args.config, list(args.overrides) + ["train.tensorboard=false"])
     if cfg.data.worked != "steps":
         sys.exit(f"{args.config}: data.worked is {cfg.data.worked!r}; step_success needs data.worked: steps")
-    run = Run(cfg, log=lambda m: print(m, file=sys.stderr))
+    run = Run(cfg, log=lambda m: print(m, file=sys.stderr), read_only=True)  # reads the run, never writes it
     if not run.try_resume():
         sys.exit(f"no checkpoint in {cfg.train.out_dir}: train or SFT it first")
     items = run.train_items if args.split == "train" else run.eval_items
