@@ -37,6 +37,12 @@ def test_collapse_checks():
     assert grpo["ratio"] == pytest.approx((0.8 - 0.01 * 54.5) / 0.8) and grpo["holds"]
     e3 = controls.collapse_e3(_run("e3_collapse", falling))
     assert not e3["holds"] and e3["gap to target"] == pytest.approx((0.8 - 0.01 * 54.5) / 0.8 - 1)
+    # at lr 3e-4 the collapse must also keep held-out greedy accuracy (not a wrecked policy)
+    kept = controls.collapse_grpo(_run("grpo_collapse_3e-4", falling, [(0, {"greedy_accuracy": 0.2}),
+                                                                        (60, {"greedy_accuracy": 0.25})]))
+    wrecked = controls.collapse_grpo(_run("grpo_collapse_3e-4", falling, [(0, {"greedy_accuracy": 0.2}),
+                                                                           (60, {"greedy_accuracy": 0.05})]))
+    assert kept["holds"] and not wrecked["holds"]
     held = [dict(r, entropy=0.78) for r in falling]
     assert controls.collapse_e3(_run("e3_collapse", held))["holds"]
     assert not controls.collapse_grpo(_run("grpo_collapse", held))["holds"]

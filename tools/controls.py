@@ -43,10 +43,16 @@ def closed_loop(run: ablate.RunData, runs=()) -> dict:
 
 
 def collapse_grpo(run: ablate.RunData, runs=()) -> dict:
-    """High learning rate under plain GRPO: the last steps' entropy is below half of step 1's."""
+    """High learning rate under plain GRPO: the last steps' entropy is below half of step 1's (and, at lr
+    3e-4, held-out greedy accuracy does not end below its start: a collapse, not a wrecked policy)."""
     ents = _series(run, "entropy")
     ratio = _tail_mean(ents) / ents[0]
-    return {"H step 1": ents[0], f"H last {TAIL}": _tail_mean(ents), "ratio": ratio, "holds": ratio < 0.5}
+    evals = ablate.by_step(run.rows, "eval")
+    start, end = (float(evals[s].get("greedy_accuracy", float("nan"))) if evals else float("nan")
+                  for s in (min(evals, default=0), max(evals, default=0)))
+    kept = end >= start if run.arm.endswith("3e-4") else True
+    return {"H step 1": ents[0], f"H last {TAIL}": _tail_mean(ents), "ratio": ratio,
+            "greedy start": start, "greedy end": end, "holds": ratio < 0.5 and kept}
 
 
 def collapse_e3(run: ablate.RunData, runs=()) -> dict:
@@ -178,7 +184,8 @@ def herl_slower(run: ablate.RunData, runs) -> dict:
 CHECKS = {  # spec file stem -> arm -> check
     "e3_temperature_control": {"closed_loop": closed_loop, "closed_loop_100": closed_loop,
                                "grpo_collapse": collapse_grpo,
-                               "e3_collapse": collapse_e3},
+                               "e3_collapse": collapse_e3, "grpo_collapse_3e-4": collapse_grpo,
+                               "e3_collapse_3e-4": collapse_e3},
     "e3_budget_control": {"budget": budget},
     "herl_control": {"herl": herl_hidden, "grpo": hidden_flat, "herl_revise_prompt": hidden_flat,
                      "herl_low_weight": herl_slower},
