@@ -47,6 +47,13 @@ def _bullets(lines) -> str:
     return "\n".join(f"- {x}" for x in lines) if lines else "(none)"
 
 
+def revise_text(template: str, question: str, met: list[str], unmet: list[str], draft: str) -> str:
+    """The revise prompt: `template` (fields {question}, {draft}, {met}, {unmet}) filled with the question,
+    the draft, and the descriptions of the rubric items the draft meets and misses as bulleted lists. The
+    trainer's guided revisions and evaluation's revise rounds (train/revise_eval.py) share it."""
+    return template.format(question=question, draft=draft, met=_bullets(met), unmet=_bullets(unmet))
+
+
 def failed_groups(group: np.ndarray, scored: np.ndarray, eligible: np.ndarray, threshold: float
                   ) -> list[tuple[int, np.ndarray, float]]:
     """(group id, its eligible rows, best reward s*) of the groups whose best is below `threshold`, in
@@ -144,10 +151,9 @@ class HeRL(Explorer):
 
     def _revise_text(self, item: int, met: np.ndarray, draft: str) -> str:
         rubric = self._rubric(item)
-        return self.cfg.revise_template.format(
-            question=self._question(item), draft=draft,
-            met=_bullets([r.description for k, r in enumerate(rubric) if met[k]]),
-            unmet=_bullets([r.description for k, r in enumerate(rubric) if not met[k]]))
+        return revise_text(self.cfg.revise_template, self._question(item),
+                           [r.description for k, r in enumerate(rubric) if met[k]],
+                           [r.description for k, r in enumerate(rubric) if not met[k]], draft)
 
     def revise(self, state, rollouts: Rollouts, info: StepInfo, sample: SampleFn, score: ScoreFn,
                logprobs: LogprobFn | None = None) -> tuple[Rollouts, dict]:
