@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from test_checkpoint import _truncate_data as _damage
 from test_trainer import _tiny_cfg, _train_rows
 
 from jaxrl_llm.train.checkpoint import CheckpointMismatchError
@@ -31,13 +32,6 @@ def _files(folder: Path, everything: bool = False) -> dict:
 
 def _steps(folder: Path) -> list[int]:
     return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.is_dir() else []
-
-
-def _damage(step_dir: Path) -> None:
-    files = [f for f in (step_dir / "arrays").rglob("d/*") if f.is_file() and f.stat().st_size > 64]
-    assert files
-    for f in files:
-        os.truncate(f, f.stat().st_size // 2)
 
 
 def test_resume_false_on_a_used_folder_is_refused_and_overwrite_moves_the_old_run_aside(tmp_path):

@@ -4,11 +4,11 @@ an unknown word or an oversized body is logged once and watching goes on; only h
 
 from __future__ import annotations
 
-import http.server
-import threading
 import time
 
 import pytest
+
+from stand_in_http import serve
 
 from jaxrl_llm.config import ConfigError, load_config
 from jaxrl_llm.train import stop
@@ -17,21 +17,12 @@ from jaxrl_llm.train.stop import MAX_BODY, StopFlag
 
 def _server(answers: list, served: list):
     """Answers answers[0] (status, body) to every GET, recording each; answers.pop(0) once served if more remain."""
+    def respond(handler):
+        status, body = answers[0] if len(answers) == 1 else answers.pop(0)
+        served.append(body[:20])
+        return status, body
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            status, body = answers[0] if len(answers) == 1 else answers.pop(0)
-            served.append(body[:20])
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = serve(respond)
     return server, f"http://127.0.0.1:{server.server_address[1]}/maintenance-event"
 
 

@@ -137,24 +137,13 @@ def test_sigterm_during_rl_saves_a_checkpoint_and_exits_cleanly(tmp_path):
 def _metadata_server(value: list, seen: list):
     """A stand-in for the GCE metadata server's maintenance-event: answers value[0] to every GET and records
     the request (path, Metadata-Flavor header)."""
-    import http.server
-    import threading
+    from stand_in_http import serve
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            seen.append((self.path, self.headers.get("Metadata-Flavor")))
-            body = value[0].encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def respond(handler):
+        seen.append((handler.path, handler.headers.get("Metadata-Flavor")))
+        return 200, value[0].encode()
 
-        def log_message(self, *a):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
+    return serve(respond)
 
 
 def test_a_maintenance_event_saves_and_stops_like_sigterm(tmp_path):

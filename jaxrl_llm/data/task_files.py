@@ -16,7 +16,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from jaxrl_llm.data.tasks import DataError
+
+class DataError(ValueError):
+    """A task file, row or task name that cannot be used; the message names it."""
+
 
 KINDS = ("jsonl", "parquet")
 

@@ -15,14 +15,11 @@ import dataclasses
 import json
 
 from jaxrl_llm.config import DataSection
+from jaxrl_llm.data.task_files import DataError, read_rows
 from jaxrl_llm.data.worked import worked_solution
 
 EVAL_SEED_OFFSET = 1_000_003  # held-out items come from another generator stream
 SFT_SEED_OFFSET = 2_000_003  # and separate SFT items (data.sft_size) from a third
-
-
-class DataError(ValueError):
-    pass
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,8 +80,6 @@ def _rubric_tasks(cfg: DataSection, split: str) -> list[TaskItem]:
 
 
 def _file(path: str, kind: str) -> list[TaskItem]:
-    from jaxrl_llm.data.task_files import read_rows
-
     rows = read_rows(path, kind)
     items = []
     for i, row in enumerate(rows):
