@@ -122,7 +122,8 @@ class E3(Explorer):
         mask = out.response_mask & fresh[:, None]
         entropy = float(out.entropy[mask].mean()) if mask.any() else float(state.entropy)
         item = plan.prompt
-        rank_rows = to_host(state.rank)[item]  # the ranks this step was planned with
+        rank = to_host(state.rank)  # the ranks this step was planned with
+        rank_rows = rank[item]
         # the rewards as scored (not as another explorer adjusted them) feed the difficulty tracker
         new, target = self._observe(state, jnp.asarray(item, jnp.int32), jnp.asarray(rollouts.scored, jnp.float32),
                                     jnp.asarray(fresh), jnp.float32(entropy), jnp.int32(info.step))
@@ -135,7 +136,7 @@ class E3(Explorer):
                    # groups with 0, 1, 2, ... rollouts this step (index = group size)
                    "e3_group_size_hist": np.bincount(sizes, minlength=self.cfg.n_high + 1).tolist(),
                    "e3_prompts_seen": int((to_host(new.count) > 0).sum())}
-        quint_b = np.minimum((to_host(state.rank)[np.asarray(info.prompt_ids)] * QUINTILES).astype(int), QUINTILES - 1)
+        quint_b = np.minimum((rank[np.asarray(info.prompt_ids)] * QUINTILES).astype(int), QUINTILES - 1)
         for q in range(QUINTILES):  # quintile 1 easiest
             rows = fresh & (quint == q)
             if rows.any():

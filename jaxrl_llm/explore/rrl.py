@@ -256,9 +256,15 @@ class RRL(Explorer):
         cont = plan.replayed
         if k:
             sums, counts = np.zeros(self.k_max, np.float32), np.zeros(self.k_max, np.float32)
+            # also: replay groups on prompts whose latest fresh group was all wrong (GRPO's gradient there is
+            # exactly zero), and how many of those are mixed (their continuations' rewards differ: a gradient)
+            on_wrong = mixed = 0
             for j, g in enumerate(pending["groups"]):
                 rows = plan.group == g
                 sums[j], counts[j] = rollouts.scored[rows].sum(), rows.sum()
+                if last[plan.prompt[rows][0]] == 0.0:
+                    on_wrong += 1
+                    mixed += int(np.ptp(rollouts.scored[rows]) > 1e-6)
             slots = np.zeros(self.k_max, np.int32)
             slots[:k] = pending["slots"]
             valid = np.arange(self.k_max) < k
@@ -267,16 +273,8 @@ class RRL(Explorer):
             replay, bt = self.ops.backtrack(replay, jnp.asarray(slots), jnp.asarray(valid), float(c.min_visits),
                                             float(c.backtrack_margin))
             same = fresh_count[plan.prompt[cont]] > 0
-            # replay groups on prompts whose latest fresh group was all wrong (GRPO's gradient there is exactly
-            # zero), and how many of those are mixed (their continuations' rewards differ: a gradient after all)
-            on_wrong = mixed = 0
-            for g in pending["groups"]:
-                rows = plan.group == g
-                if last[plan.prompt[rows][0]] == 0.0:
-                    on_wrong += 1
-                    mixed += int(np.ptp(rollouts.scored[rows]) > 1e-6)
-            metrics.update({"rrl_replay_groups_all_wrong_prompts": on_wrong, "rrl_replay_mixed_all_wrong_prompts": mixed})
             metrics.update({
+                "rrl_replay_groups_all_wrong_prompts": on_wrong, "rrl_replay_mixed_all_wrong_prompts": mixed,
                 "rrl_replay_value": float(np.mean(pending["value"])), "rrl_demoted": int(to_host(bt["demoted"])),
                 "rrl_continuation_success": float(ok[cont].mean()),
                 "rrl_fresh_success_same_prompts": float(np.mean(fresh_solved[plan.prompt[cont]][same]
