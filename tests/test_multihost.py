@@ -1,8 +1,8 @@
 """Multi-host (multi-controller) training: two real `jaxrl-llm train` processes on localhost, 4 fake CPU
 devices each, joined by jax.distributed into one 8-device mesh, train exactly what one process with 8
 devices trains (E3, RRL and HeRL on: explorer decisions and state must agree across hosts); a SIGTERM to
-one of them stops both at the same step with a checkpoint (exit 75), the pair resumes from it, is
-killed (SIGKILL) mid-run, resumes again and ends with the same result. The oracle is the single-process trainer, itself tested against brute force and transformers."""
+one of them stops both at the same step with a checkpoint (exit 75), and the pair resumes from it and
+ends with the same result. The oracle is the single-process trainer, itself tested against brute force and transformers."""
 
 import json
 import os
@@ -148,16 +148,8 @@ def test_two_hosts_train_as_one_and_stop_and_resume_together(tmp_path):
     saved = [[step for _, step in s] for s in saved]
     assert saved[0] == saved[1] and len(saved[0]) == 1 and 2 <= int(saved[0][0]) < STEPS, (saved, out0[-2000:])
 
-    # restarted, the pair resumes from that step; then one process dies without warning (SIGKILL), the
-    # other is killed too (it would wait on the dead one's collectives), and both are started again
-    procs = _spawn_pair(tmp_path, cfg)
-    _wait_for_row(procs[0], metrics, f'"step": {int(saved[0][0]) + 1}, "kind": "train"', timeout=400)
-    procs[0].kill()
-    procs[1].kill()
-    (rc0, out0), (rc1, out1) = _finish(procs)
-    assert (rc0, rc1) == (-signal.SIGKILL, -signal.SIGKILL)
-    assert "resumed from" in out0 and f"RL step {saved[0][0]}" in out0, out0[-2000:]
-
+    # restarted, the pair resumes from that step and finishes (an unclean stop's resume: test_trainer.py's
+    # SIGKILL test; a silent process's: the test below)
     (rc0, out0), (rc1, out1) = _finish(_spawn_pair(tmp_path, cfg))
     assert (rc0, rc1) == (0, 0), (out0[-3000:], out1[-3000:])
     assert "resumed from" in out0, out0[-2000:]

@@ -359,7 +359,7 @@ def test_hindsight_rows_train_with_the_hindsight_weight_in_the_update(tiny_model
         tok = jnp.where(jnp.asarray(flags)[:, None], -adv[:, None] * ratio / (ratio + 0.5), clipped)
         return jnp.sum(tok * mask) / jnp.sum(mask)
 
-    ref_loss, ref_grad = jax.value_and_grad(reference)(state)
+    ref_loss, ref_grad = jax.jit(jax.value_and_grad(reference))(state)
     mesh = make_mesh({"data": 1}, devices=jax.devices()[:1])
     params = shard_state(jax.tree.map(jnp.copy, state), mesh)
     opt = optax.inject_hyperparams(optax.sgd)(learning_rate=0.5)

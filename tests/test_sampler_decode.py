@@ -1,19 +1,32 @@
 """KV-cache decoding against full recomputation, padding independence, prefix continuation, buckets."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from jaxrl_llm.sampling.processors import tempered_logprobs
 from jaxrl_llm.sampling.sampler import FINISH_LENGTH, FINISH_STOP
 from jaxrl_llm.utils import compile_counter
 
 
-def full_logits(model, tokens):
-    ids = jnp.asarray([tokens])
-    hidden, _ = model(ids, jnp.arange(len(tokens))[None])
-    return np.asarray(model.logits(hidden))[0]
+def full_logits(model, tokens, width=64):
+    """Logits of a plain causal forward over `tokens` (padded at the end to one width: one program, and the
+    padding comes after every position read)."""
+    graphdef, state = nnx.split(model)
+    ids = np.zeros((1, width), np.int32)
+    ids[0, :len(tokens)] = tokens
+    return np.asarray(_forward(graphdef, state, jnp.asarray(ids)))[0, :len(tokens)]
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _forward(graphdef, state, ids):
+    model = nnx.merge(graphdef, state)
+    hidden, _ = model(ids, jnp.arange(ids.shape[1])[None])
+    return model.logits(hidden)
 
 
 @pytest.mark.parametrize("temperature,stop", [(0.0, ()), (0.8, ()), (1.7, ()), (1.0, (5, 17, 40, 77))])
