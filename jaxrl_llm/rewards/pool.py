@@ -9,10 +9,12 @@ a private temporary folder, limits on memory, file size and CPU time, stdout and
 (counted in `output_bytes`, the tail of a failed job's output in `last_error`), never printed to the trainer's.
 
 A worker starts, imports and loads what the run's scorers need (`scorers`: if-verifiable and its sentence
-splitter, math-verify, reasoning-gym) and says it is ready before it gets a job, so no item's time limit pays a
-worker's start: on a busy machine a first rubric check once timed out on the import alone, and every replaced
-worker would again. Its limits apply from then on, so the scorers' imports do not count against them. A worker
-that dies while starting is started again, up to `start_retries` times in a row, before the pool gives up.
+splitter, math-verify, reasoning-gym; `functions`: the user's reward functions, rewards/functions.py, which the pool
+first imports and checks in the trainer's own process, so a bad entry is one clear error) and says it is ready
+before it gets a job, so no item's time limit pays a worker's start: on a busy machine a first rubric check once
+timed out on the import alone, and every replaced worker would again. Its limits apply from then on, so the
+scorers' imports do not count against them. A worker that dies while starting is started again, up to
+`start_retries` times in a row, before the pool gives up.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import time
 from multiprocessing.connection import wait
 from typing import Callable, Sequence
 
+from jaxrl_llm.rewards import functions as reward_functions
 from jaxrl_llm.rewards import sandbox
 from jaxrl_llm.rewards.verifiers import prepare, score
 
@@ -36,17 +39,20 @@ TAIL_BYTES = 2000  # of a failed job's captured output, kept in last_error
 
 
 def _value(result):
-    """A reward, or (reward, rubric items met) as rubric scorers return."""
+    """A reward, (reward, rubric items met) as rubric scorers return, or {component: value} (reward functions)."""
+    if isinstance(result, dict):
+        return {str(k): float(v) for k, v in result.items()}
     if isinstance(result, tuple):
         return float(result[0]), [int(m) for m in result[1]]
     return float(result)
 
 
-def _worker(conn, output, fn, scorers, folder, timeout_s, memory_mb, file_mb):
+def _worker(conn, output, fn, scorers, functions, folder, timeout_s, memory_mb, file_mb):
     sandbox.enter(folder, os.dup(output.fileno()))
     output.close()
     try:
         prepare(scorers)
+        reward_functions.load(functions)
         sandbox.limit(memory_mb, file_mb)
     except Exception as e:  # a library a scorer needs is missing or broken: the pool says so, once
         conn.send((READY, f"{type(e).__name__}: {e}"))
@@ -56,10 +62,10 @@ def _worker(conn, output, fn, scorers, folder, timeout_s, memory_mb, file_mb):
         job = conn.recv()
         if job is None:
             return
-        idx, args = job
+        idx, job_fn, args = job
         sandbox.job_cpu_limit(timeout_s)
         try:
-            reply = (idx, _value(fn(*args)), None, None)
+            reply = (idx, _value((job_fn or fn)(*args)), None, None)
         except MemoryError:
             reply = (idx, 0.0, "MemoryError: the job needed more than reward.memory_mb", MEMORY)
         except BaseException as e:  # a broken or hostile checker (sys.exit included) must not take the worker down
@@ -97,11 +103,13 @@ class RewardPool:
     use (TaskItem.scorer), prepared in each worker before its first job; `start_timeout_s`: how long a worker
     may take to start and prepare them before the pool gives up with an error; `memory_mb`, `file_mb`: the
     sandbox's limits (reward.memory_mb, reward.file_mb); `start_retries`: starts of a worker that dies while
-    starting, in a row, before the pool gives up."""
+    starting, in a row, before the pool gives up; `functions`: reward.functions entries, resolved and checked
+    here (ValueError naming a bad one) and loaded by every worker at its start (`functions.call` jobs)."""
 
     def __init__(self, workers: int = 2, timeout_s: float = 5.0, fn: Callable = score, *,
                  scorers: Sequence[str] = (), start_timeout_s: float = 300.0, memory_mb: float = 2048,
-                 file_mb: float = 0.0, start_retries: int = 3):
+                 file_mb: float = 0.0, start_retries: int = 3, functions: Sequence = ()):
+        self.functions = reward_functions.resolve(functions)  # before any worker: a bad entry is one error
         self.timeout_s, self.start_timeout_s = timeout_s, start_timeout_s
         self.fn, self.scorers = fn, tuple(sorted(set(scorers)))
         self.memory_mb, self.file_mb, self.start_retries = memory_mb, file_mb, start_retries
@@ -120,7 +128,8 @@ class RewardPool:
         out_read, out_write = self.ctx.Pipe(duplex=False)
         folder = tempfile.mkdtemp(prefix="jaxrl-reward-")
         proc = self.ctx.Process(target=_worker, daemon=True, args=(
-            child, out_write, self.fn, self.scorers, folder, self.timeout_s, self.memory_mb, self.file_mb))
+            child, out_write, self.fn, self.scorers, self.functions, folder, self.timeout_s, self.memory_mb,
+            self.file_mb))
         proc.start()
         child.close()
         out_write.close()
@@ -141,11 +150,12 @@ class RewardPool:
             self.stats.output_bytes += len(chunk)
             w.tail = (w.tail + chunk)[-TAIL_BYTES:]
 
-    def _fail(self, slot: int, kind: str, err: str) -> None:
+    def _fail(self, slot: int, kind: str, err: str, label: str = "") -> None:
         self._drain(slot)
         tail = self.workers[slot].tail.decode("utf-8", "replace").strip()
         setattr(self.stats, kind, getattr(self.stats, kind) + 1)
-        self.stats.last_error = err + (f"; its output ended: {tail[-TAIL_BYTES:]}" if tail else "")
+        self.stats.last_error = (f"{label}: " if label and not err.startswith(label) else "") + err + (
+            f"; its output ended: {tail[-TAIL_BYTES:]}" if tail else "")
 
     def _started(self, slot: int) -> None:
         """Take a starting worker's first message: ready, or why it cannot score (an error for the run); one that
@@ -159,6 +169,7 @@ class RewardPool:
             if self.start_failures[slot] <= self.start_retries:
                 self._replace(slot)
                 return
+            self.workers[slot].proc.join(timeout=5)  # the pipe closes before the process is reaped
             err = (f"the process died while starting, {self.start_failures[slot]} times in a row (exit code "
                    f"{self.workers[slot].proc.exitcode}){'; its output ended: ' + tail if tail else ''}")
         if err:
@@ -167,9 +178,11 @@ class RewardPool:
         self.start_failures[slot] = 0
         self.workers[slot].tail = b""
 
-    def map(self, jobs: Sequence[tuple]) -> list:
-        """Score every job (a tuple of `fn` arguments); results in job order: a float, or (float, items met)
-        from rubric scorers; a job that fails in any way gives 0.0."""
+    def map(self, jobs: Sequence[tuple], fn: Callable | None = None, label: Callable[[int], str] | None = None
+            ) -> list:
+        """Score every job (a tuple of arguments of `fn`, default the pool's); results in job order: a float,
+        (float, items met) from rubric scorers, or {component: float} from reward functions; a job that fails in
+        any way gives 0.0. `label(i)`: what job i is, put before its error in stats.last_error."""
         results = [0.0] * len(jobs)
         pending = list(range(len(jobs)))[::-1]
         busy: dict[int, tuple[int, float]] = {}  # worker slot -> (job index, deadline)
@@ -178,7 +191,7 @@ class RewardPool:
                 if slot not in busy and pending and self.ready[slot]:
                     idx = pending.pop()
                     self.workers[slot].tail = b""
-                    self.workers[slot].conn.send((idx, jobs[idx]))
+                    self.workers[slot].conn.send((idx, fn, jobs[idx]))
                     busy[slot] = (idx, time.monotonic() + self.timeout_s)
             starting = [s for s in range(len(self.workers)) if not self.ready[s]] if pending else []
             conns = {self.workers[s].conn: s for s in [*busy, *starting]}
@@ -204,7 +217,8 @@ class RewardPool:
                     err = (f"the worker died (exit code {self.workers[slot].proc.exitcode})" if isinstance(e, EOFError)
                            else f"the worker's reply was unreadable ({type(e).__name__}: {e})")
                 if err:
-                    self._fail(slot, {ERROR: "errors", MEMORY: "memory", KILLED: "killed"}[kind], err)
+                    self._fail(slot, {ERROR: "errors", MEMORY: "memory", KILLED: "killed"}[kind], err,
+                               label(idx) if label else "")
                 if kind == KILLED:
                     self._replace(slot)
                 results[idx] = value
@@ -216,7 +230,7 @@ class RewardPool:
                                        f"{list(self.scorers)} within {self.start_timeout_s:.0f} s")
             for slot, (idx, deadline) in list(busy.items()):
                 if now >= deadline:
-                    self._fail(slot, "timeouts", f"a job ran past its {self.timeout_s} s")
+                    self._fail(slot, "timeouts", f"a job ran past its {self.timeout_s} s", label(idx) if label else "")
                     results[idx] = 0.0
                     self._replace(slot)
                     del busy[slot]

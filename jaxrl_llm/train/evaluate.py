@@ -1,5 +1,7 @@
 """Held-out evaluation: greedy accuracy, sampled accuracy, unbiased pass@k, mean response length, and
-the share of problems no sample solved.
+the share of problems no sample solved. Solved is what train/rollout.py's Scores say (the built-in scorer's full
+marks, or reward.correctness); with reward functions each component's mean is `greedy_reward/<name>` and
+`sampled_reward/<name>`, beside `greedy_reward_fn_errors` / `sampled_reward_fn_errors` (failed calls).
 
 Sampled figures are measured twice: at T = 1 (`sampled_accuracy`, `pass@k`, ...) and at the run's own
 rollout temperature (the same names prefixed `rollout_t_`). A method that moves its training
@@ -28,10 +30,10 @@ import jax
 import numpy as np
 
 from jaxrl_llm.config import Config
-from jaxrl_llm.train.metrics import pass_at_k, solved
+from jaxrl_llm.train.metrics import pass_at_k
 from jaxrl_llm.train.policy import encode_text
 from jaxrl_llm.train.revise_eval import Answers, RevisePrompts, call_shape, eval_prompts, run_rounds, widen
-from jaxrl_llm.train.rollout import response_texts, score_rows
+from jaxrl_llm.train.rollout import Scores, response_texts, score_parts
 
 EVAL_KS = (1, 2, 4, 8, 16)
 
@@ -45,10 +47,10 @@ def sample_scored(sampler, params, pool, tok, cfg, items, rows, temperature, key
 
 
 def sample_graded(sampler, params, pool, tok, cfg, items, rows, temperature, key, judge=None, contexts=None,
-                  **shape):
+                  scores: list | None = None, **shape):
     """sample_scored's (rewards, met [len(rows), K] | None (no rubric row), lengths, texts); `contexts`:
     each row's prompt ids instead of its item's prompt (revise prompts, still scored against the item);
-    `shape`: the sampler's min_rows / min_context floors."""
+    `scores`: a list that gets each chunk's Scores; `shape`: the sampler's min_rows / min_context floors."""
     max_new = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
     chunk = cfg.rollout.prompts_per_step * cfg.rollout.group_size
     tasks = [it for it, _ in items]
@@ -59,7 +61,10 @@ def sample_graded(sampler, params, pool, tok, cfg, items, rows, temperature, key
         out = sampler(params, prompts, max_new_tokens=max_new, temperature=temperature,
                       key=jax.random.fold_in(key, c), **shape)
         t = response_texts(tok, out)
-        r, met = score_rows(pool, cfg, tasks, t, np.asarray(part), judge)
+        s = score_parts(pool, cfg, tasks, t, np.asarray(part), judge)
+        r, met = s.rewards, s.met
+        if scores is not None:
+            scores.append(s)
         rewards.append(r)
         mets.append(met)
         lengths.append(out.num_generated)
@@ -75,10 +80,12 @@ def evaluate(sampler, params, pool, tok, cfg: Config, items, key: jax.Array, jud
     t0 = time.perf_counter()
     n = len(items)
     rounds = _Rounds.of(sampler, params, pool, tok, cfg, items, judge)
+    parts: list = []  # accuracy is what the Scores call solved (the built-in scorer's, or reward.correctness)
     greedy, greedy_met, greedy_len, greedy_texts = sample_graded(sampler, params, pool, tok, cfg, items, np.arange(n),
-                                                                 0.0, jax.random.fold_in(key, 0), judge)
-    out = {"greedy_accuracy": float(np.mean(solved(greedy))), "greedy_reward_mean": float(np.mean(greedy)),
-           "problems": n}
+                                                                 0.0, jax.random.fold_in(key, 0), judge, scores=parts)
+    scored = Scores.concat(parts)
+    out = {"greedy_accuracy": float(np.mean(scored.correct)), "greedy_reward_mean": float(np.mean(greedy)),
+           "problems": n, **scored.metrics("greedy_")}
     lengths, tokens = [greedy_len], int(greedy_len.sum())
     if rounds is not None:
         figures = rounds(np.arange(n), greedy, greedy_met, greedy_texts, 0.0, jax.random.fold_in(key, 3))
@@ -115,12 +122,14 @@ def _sampled_figures(sampler, params, pool, tok, cfg, items, temperature, key, p
     unbiased pass@k, and any revise rounds' figures; the samples' lengths; the rounds' tokens."""
     n, k = len(items), cfg.eval.samples
     rows = np.repeat(np.arange(n), k)
+    parts: list = []
     sampled, met, sampled_len, texts = sample_graded(sampler, params, pool, tok, cfg, items, rows, temperature,
-                                                     jax.random.fold_in(key, phase), judge)
-    correct = solved(sampled).reshape(n, k)
+                                                     jax.random.fold_in(key, phase), judge, scores=parts)
+    scored = Scores.concat(parts)
+    correct = scored.correct.reshape(n, k)
     solved_count = correct.sum(axis=1)
     out = {"sampled_accuracy": float(correct.mean()), "sampled_reward_mean": float(np.mean(sampled)),
-           "never_solved_share": float(np.mean(solved_count == 0))}
+           "never_solved_share": float(np.mean(solved_count == 0)), **scored.metrics("sampled_")}
     for kk in EVAL_KS:
         if kk <= k:
             out[f"pass@{kk}"] = float(np.mean([pass_at_k(k, int(c), kk) for c in solved_count]))

@@ -3,11 +3,18 @@
 Each phase is a function of the previous one's output (explore/rows.py types), so explorers
 (explore/) can change the plan before sampling and the rows after scoring, and the advantages are
 computed last, over whatever rows the step ended with (groups of any size, by segment sums).
+
+A row's reward is the task's built-in scorer's (reward.builtin) plus, for each reward.functions entry
+(rewards/functions.py), its weight times the sum of its components. What counts as solved (accuracy, pass@k,
+the evaluation's figures) is the built-in scorer's full marks, or with reward.correctness = a component's name,
+that component (unweighted) >= 1; a row where it is missing (its function failed) is unsolved. The explorers
+(E3's difficulty, RRL's solved states) still read full marks of the total reward.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from typing import Sequence
 
@@ -19,6 +26,7 @@ from jaxrl_llm.config import Config
 from jaxrl_llm.data.tasks import TaskItem
 from jaxrl_llm.explore.rows import RowPlan, Rollouts
 from jaxrl_llm.parallel import hosts
+from jaxrl_llm.rewards.functions import BUILTIN, call
 from jaxrl_llm.rewards.judge import Judge, aligned, judge_items
 from jaxrl_llm.rewards.pool import RewardPool
 from jaxrl_llm.rewards.rubrics import rubric_items, weighted_score
@@ -56,12 +64,90 @@ def response_texts(tok, out: SampleOutput) -> list[str]:
     return [tok.decode(out.tokens[i, start[i]:stop[i]].tolist(), skip_special_tokens=True) for i in range(out.rows)]
 
 
+@dataclasses.dataclass(frozen=True)
+class Scores:
+    """One scoring of N rows: the rewards, the rubric items met, which rows are solved, and with reward
+    functions each component's unweighted value [N] (0 where its function failed; `builtin`: the built-in
+    scorer's reward) and how many function calls failed (`fn_errors`; `fn_last_error` the last one's text)."""
+
+    rewards: np.ndarray
+    met: np.ndarray | None
+    correct: np.ndarray
+    components: dict = dataclasses.field(default_factory=dict)
+    fn_errors: int = 0
+    fn_last_error: str = ""
+
+    @staticmethod
+    def concat(parts: Sequence["Scores"]) -> "Scores":
+        """Scores of consecutive calls as one (a component a call did not see is 0 on its rows; `met` left out)."""
+        names = list(dict.fromkeys(k for p in parts for k in p.components))
+        return Scores(np.concatenate([p.rewards for p in parts]), None, np.concatenate([p.correct for p in parts]),
+                      {k: np.concatenate([p.components.get(k, np.zeros(len(p.rewards), np.float32)) for p in parts])
+                       for k in names}, sum(p.fn_errors for p in parts),
+                      next((p.fn_last_error for p in reversed(parts) if p.fn_last_error), ""))
+
+    def metrics(self, prefix: str = "", rows=slice(None)) -> dict:
+        """Each component's mean over `rows` as `{prefix}reward/<name>`, and the failed calls (all rows);
+        nothing without reward functions."""
+        if not self.components:
+            return {}
+        out = {f"{prefix}reward/{k}": float(v[rows].mean()) for k, v in self.components.items()}
+        out[f"{prefix}reward_fn_errors"] = self.fn_errors
+        if self.fn_last_error:
+            out[f"{prefix}reward_fn_last_error"] = self.fn_last_error
+        return out
+
+
 def score_rows(pool: RewardPool, cfg: Config, items: Sequence[TaskItem], texts: Sequence[str],
                row_item: np.ndarray, judge: Judge | None = None) -> tuple[np.ndarray, np.ndarray | None]:
-    """(rewards [N], met [N, K] | None) of texts[i] as an answer to items[row_item[i]]: answer scorers give
-    0/1 (their partial credit with reward.partial_credit); rubric tasks give sum w m / sum w and the items
-    met (K: the most items any row's rubric has; False past a rubric's end and where scoring failed). The
-    pool checks the programmatic items; `judge` decides the 'judge' items (unmet without one)."""
+    """(rewards [N], met [N, K] | None) of texts[i] as an answer to items[row_item[i]] (score_parts)."""
+    s = score_parts(pool, cfg, items, texts, row_item, judge)
+    return s.rewards, s.met
+
+
+def score_parts(pool: RewardPool, cfg: Config, items: Sequence[TaskItem], texts: Sequence[str],
+                row_item: np.ndarray, judge: Judge | None = None) -> Scores:
+    """The Scores of texts[i] as an answer to items[row_item[i]]: the built-in scorer's reward (reward.builtin)
+    plus each reward function's weighted components (the pool's `functions`)."""
+    if len(pool.functions) != len(cfg.reward.functions):
+        raise ValueError(f"the reward pool runs {len(pool.functions)} reward functions, reward.functions lists "
+                         f"{len(cfg.reward.functions)}: start it with functions=cfg.reward.functions")
+    n = len(row_item)
+    builtin, met = _builtin_rows(pool, cfg, items, texts, row_item, judge) if cfg.reward.builtin else \
+        (np.zeros(n, np.float32), None)
+    if not pool.functions:
+        return Scores(builtin, met, solved(builtin))
+    suffix = f"\n{cfg.data.instruction}" if cfg.data.instruction else ""
+    rows = [(items[j].question + suffix, texts[i], items[j].question, items[j].answer, items[j].extra)
+            for i, j in enumerate(row_item)]
+    jobs = [(f, *row) for f in range(len(pool.functions)) for row in rows]
+    results = _gather_dicts(pool, jobs, lambda i: pool.functions[i // max(n, 1)].label)
+    total = builtin.astype(np.float64)
+    parts = {BUILTIN: builtin} if cfg.reward.builtin else {}
+    owner, errors = {}, 0
+    for k, fn in enumerate(pool.functions):
+        for i in range(n):
+            result = results[k * n + i]
+            if not isinstance(result, dict):  # the call failed: the pool counted it and kept its text
+                errors += 1
+                continue
+            for name, value in result.items():
+                if owner.setdefault(name, k) != k:
+                    raise ValueError(f"{fn.label} and {pool.functions[owner[name]].label} both return a component "
+                                     f"named {name!r}; rename one")
+                parts.setdefault(name, np.zeros(n, np.float32))[i] = value
+                total[i] += fn.weight * value
+    name = cfg.reward.correctness
+    correct = solved(builtin) if not name else solved(parts[name]) if name in parts else np.zeros(n, bool)
+    return Scores(total.astype(np.float32), met, correct, parts, errors, pool.stats.last_error if errors else "")
+
+
+def _builtin_rows(pool: RewardPool, cfg: Config, items: Sequence[TaskItem], texts: Sequence[str],
+                  row_item: np.ndarray, judge: Judge | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """The built-in scorers' (rewards [N], met [N, K] | None): answer scorers give 0/1 (their partial credit with
+    reward.partial_credit); rubric tasks give sum w m / sum w and the items met (K: the most items any row's
+    rubric has; False past a rubric's end and where scoring failed). The pool checks the programmatic items;
+    `judge` decides the 'judge' items (unmet without one)."""
     jobs = [(items[j].scorer, items[j].answer, items[j].entry_json, texts[i], cfg.data.answer_format)
             for i, j in enumerate(row_item)]
     results = _map_over_hosts(pool, jobs)
@@ -100,6 +186,22 @@ def _map_over_hosts(pool: RewardPool, jobs: list) -> list:
             for i in range(n)]
 
 
+def _gather_dicts(pool: RewardPool, jobs: list, label) -> list:
+    """pool.map of reward-function jobs ({component: value}, or 0.0 where the call failed) over hosts as
+    _map_over_hosts does: each process scores its share, the results travel as JSON text."""
+    if hosts.count() == 1:
+        return pool.map(jobs, call, label)
+    n, mine = len(jobs), hosts.share(len(jobs))
+    local = [json.dumps(r if isinstance(r, dict) else None).encode() for r in
+             pool.map(jobs[mine], call, lambda i: label(mine.start + i))]
+    width = hosts.max_int(max(map(len, local), default=0))
+    text = np.zeros((len(local), width), np.uint8)  # JSON never holds a NUL: trailing zeros are padding
+    for i, b in enumerate(local):
+        text[i, :len(b)] = np.frombuffer(b, np.uint8)
+    text = hosts.gather_rows(text, n)
+    return [json.loads(bytes(row).rstrip(b"\0")) or 0.0 for row in text]
+
+
 def _with_verdicts(judge: Judge, items, texts, row_item, results) -> list:
     """Pool results of rubric rows with their judge items decided by `judge` (one batch for the call)."""
     requests, where = [], []
@@ -127,13 +229,21 @@ def score_texts(pool: RewardPool, cfg: Config, items: Sequence[TaskItem], texts:
     return score_rows(pool, cfg, items, texts, row_item, judge)[0]
 
 
+@dataclasses.dataclass(frozen=True)
+class ScoredRollouts(Rollouts):
+    """Rollouts as `score` made them, with their Scores (what is solved, the reward functions' components) for
+    the step's metrics; rows an explorer takes, joins or replaces are plain Rollouts again."""
+
+    scores: Scores | None = None
+
+
 def score(pool: RewardPool, tok, cfg: Config, items: Sequence[TaskItem], plan: RowPlan,
           out: SampleOutput, judge: Judge | None = None) -> Rollouts:
     """Rewards of the sampled plan against the ORIGINAL items of its rows (items of the whole
     training set), and for rubric tasks the items each row met."""
     texts = response_texts(tok, out)
-    rewards, met = score_rows(pool, cfg, items, texts, plan.prompt, judge)
-    return Rollouts(plan, out, rewards, tuple(texts), met)
+    s = score_parts(pool, cfg, items, texts, plan.prompt, judge)
+    return ScoredRollouts(plan, out, s.rewards, tuple(texts), s.met, scores=s)
 
 
 def with_advantages(r: Rollouts, estimator: str) -> Rollouts:
@@ -150,10 +260,13 @@ def rollout_metrics(r: Rollouts) -> dict:
     explorer adds; replayed continuations (RRL) are reported apart as `replay_*`, with the share of their
     groups whose rewards are all equal (zero variance: no group-relative advantage, no gradient).
     Rubric tasks add `rubric_item_met`: the share of fresh rows meeting each rubric item, by position.
+    With reward functions, accuracy is the Scores' `correct`, and each component's mean over the fresh rows is
+    `reward/<name>`, beside `reward_fn_errors` (failed calls this scoring) and `reward_fn_last_error`.
     Lengths, entropy and temperature cover every sampled row (what sampling cost)."""
     out, rewards = r.out, r.rewards
     fresh = ~r.plan.replayed & ~r.plan.hindsight
-    correct = solved(rewards)
+    scores = getattr(r, "scores", None)
+    correct = solved(rewards) if scores is None else scores.correct
     mask = out.response_mask
     metrics = {
         "reward_mean": float(rewards[fresh].mean()), "reward_std": float(rewards[fresh].std()),
@@ -165,6 +278,8 @@ def rollout_metrics(r: Rollouts) -> dict:
         "temperature": float(np.mean(out.temperature)),
         "sampled_tokens": int(out.num_generated.sum()),
     }
+    if scores is not None:
+        metrics.update(scores.metrics(rows=fresh))
     if r.met is not None and r.met.shape[1]:  # rubric tasks: how often each item position is met (fresh rows)
         metrics["rubric_item_met"] = [round(float(x), 6) for x in r.met[fresh].mean(axis=0)]
     replay = r.plan.replayed
