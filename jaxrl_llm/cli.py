@@ -1,10 +1,12 @@
-"""`jaxrl-llm` command line: train, sft, eval, sample, prepare-model, bench."""
+"""`jaxrl-llm` command line: train, sft, eval, export, sample, prepare-model, bench."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+
+from jaxrl_llm.hub import offline_unless_reachable
 
 
 def _cmd_prepare(args) -> int:
@@ -74,15 +76,17 @@ def _cmd_sft(args) -> int:
 def _cmd_eval(args) -> int:
     import json
 
-    from jaxrl_llm.train.loop import Run
+    from jaxrl_llm.train.eval_cmd import command
 
     # read-only: no lock (a live run can be evaluated), nothing moved or written into the run's folder
-    run = Run(_load_cfg(args, ["train.tensorboard=false"]), log=lambda m: print(m, file=sys.stderr), read_only=True)
-    run.try_resume()
-    with run.reward_pool() as pool:
-        result = run.evaluate(pool)
-    run.ckpt.close()
-    print(json.dumps({"step": run.state.step, "split": run.cfg.eval.split, **result}, indent=2))
+    print(json.dumps(command(args, log=lambda m: print(m, file=sys.stderr)), indent=2))
+    return 0
+
+
+def _cmd_export(args) -> int:
+    from jaxrl_llm.train.export import command
+
+    print(command(args, log=lambda m: print(m, file=sys.stderr)))
     return 0
 
 
@@ -99,6 +103,7 @@ def _cmd_bench(args) -> int:
 
 
 def main(argv=None) -> int:
+    offline_unless_reachable()  # first: the HF libraries read HF_HUB_OFFLINE when they are imported
     from jaxrl_llm.parallel.distributed import DistributedError
 
     parser = argparse.ArgumentParser(prog="jaxrl-llm", description=__doc__)
@@ -107,15 +112,22 @@ def main(argv=None) -> int:
 
     for name, fn, text in (("train", _cmd_train, "GRPO training (resumes from the run's latest checkpoint)"),
                            ("sft", _cmd_sft, "supervised warm start on reference answers only"),
-                           ("eval", _cmd_eval, "held-out evaluation of the run's latest checkpoint")):
+                           ("eval", _cmd_eval, "evaluation of a run's checkpoint (or --model) on its task, "
+                                               "every completion written out"),
+                           ("export", _cmd_export, "a run's checkpoint as a Hugging Face folder")):
         p = sub.add_parser(name, help=text, description=text, formatter_class=shown)
-        p.add_argument("--config", required=True, metavar="YAML",
+        p.add_argument("--config", required=name != "eval", metavar="YAML",
                        help="run config, e.g. configs/default.yaml (SmolLM2 on CPU) or configs/toy.yaml")
         p.add_argument("overrides", nargs="*", metavar="a.b=value",
                        help="config overrides, e.g. train.steps=10 optim.lr=1e-5")
         p.set_defaults(fn=fn)
+    from jaxrl_llm.train.cli_options import add_eval_arguments, add_export_arguments
 
-    p = sub.add_parser("prepare-model", help="write a local HF folder for a known short model name")
+    add_eval_arguments(sub.choices["eval"])
+    add_export_arguments(sub.choices["export"])
+
+    p = sub.add_parser("prepare-model", help="a local HF folder from a known short name, a .gguf file or a Hub id "
+                                             "(org/name); a local folder is checked")
     p.add_argument("name")
     p.set_defaults(fn=_cmd_prepare)
 

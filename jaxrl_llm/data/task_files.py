@@ -52,7 +52,7 @@ def _without_nulls(value):
     return {k: v for k, v in value.items() if v is not None} if isinstance(value, dict) else value
 
 
-def _parquet_rubric(rubric):
+def parquet_rubric(rubric):
     """Rubric items of one parquet row with the union-of-rows nulls removed (see the module docstring)."""
     if not isinstance(rubric, list):
         return rubric
@@ -74,7 +74,7 @@ def _parquet_rows(path: str) -> list[dict]:
         rows = pq.read_table(path).to_pylist(maps_as_pydicts="strict")
     except Exception as e:  # pyarrow's errors (ArrowInvalid, OSError, KeyError on a duplicate map key) vary
         raise DataError(f"{path}: could not be read as parquet: {type(e).__name__}: {e}") from None
-    return [{**row, "rubric": _parquet_rubric(row["rubric"])} if row.get("rubric") is not None else row
+    return [{**row, "rubric": parquet_rubric(row["rubric"])} if row.get("rubric") is not None else row
             for row in rows]
 
 

@@ -1,22 +1,37 @@
-"""Task items and their sources: reasoning-gym data sets (generated offline, seeded) and local
-jsonl / parquet files (data/task_files.py reads them, each row as written: rows may differ in keys).
+"""Task items and their sources: reasoning-gym data sets (generated offline, seeded), local jsonl / parquet
+files (data/task_files.py reads them, each row as written: rows may differ in keys) and any data set the
+`datasets` library loads (`data.source: hf`, data/hf_rows.py).
 
-File schema (one row per task): `question` (str, required), `answer` (str, required),
+Row schema (one row per task): `question` (str, required), `answer` (str, required),
 `scorer` ("math" | "exact", default "math"), `reference` (str, optional: a worked solution for SFT),
 `difficulty` (number in [0, 1], optional, 1 hardest: seeds E3's difficulty ranks). A row with a
 `rubric` (a list of {description, weight, check, args?} items, rewards/rubrics.py) is a rubric task:
 graded by its items (reward sum w m / sum w), `answer` optional. `data.source: rubric` generates
-instruction-following rubric tasks offline (data/rubric_tasks.py).
+instruction-following rubric tasks offline (data/rubric_tasks.py). A row may carry `messages` (system and
+few-shot turns ending in a user turn) instead of `question`: the prompt is those turns in the chat template,
+TaskItem.question the last user turn.
+
+Rows of files and data sets first go through data.preprocess, data.columns and data.answer_preset
+(data/rows.py); columns no field reads reach reward functions as TaskItem.extra. Rows the preprocess hook
+drops (returns None) or the answer preset finds no answer in are skipped and counted, with a warning naming
+the first of them (logger "jaxrl_llm.data"): one bad row in thousands does not stop a run. When the preset
+finds no answer in more than half of a split's rows, the preset or the answer column is wrong: an error.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 
 from jaxrl_llm.config import DataSection
+from jaxrl_llm.data.hf_rows import hf_rows
+from jaxrl_llm.data.rows import chat_turns, check_columns, extra_json, gold_answer, load_hook, map_columns, run_hook
 from jaxrl_llm.data.task_files import DataError, read_rows
 from jaxrl_llm.data.worked import worked_solution
+
+log = logging.getLogger("jaxrl_llm.data")
+SHOWN_ROWS = 5  # rows a skip warning or error names
 
 EVAL_SEED_OFFSET = 1_000_003  # held-out items come from another generator stream
 SFT_SEED_OFFSET = 2_000_003  # and separate SFT items (data.sft_size) from a third
@@ -32,6 +47,8 @@ class TaskItem:
     reference: str = ""
     difficulty: float = float("nan")  # data-set difficulty rank in [0, 1] (1 hardest); NaN: not given
     rubric: str = ""  # rubric tasks (scorer "rubric"): the items as JSON text (rewards/rubrics.py dump_rubric)
+    extra: str = ""  # the row's other columns as a JSON object: handed to reward functions (reward.functions)
+    messages: str = ""  # a multi-turn prompt: its [{role, content}] turns as JSON (question: the last user turn)
 
 
 def _reasoning_gym(cfg: DataSection, split: str) -> list[TaskItem]:
@@ -79,35 +96,100 @@ def _rubric_tasks(cfg: DataSection, split: str) -> list[TaskItem]:
             for i, row in enumerate(rubric_items(split, size, cfg.seed))]
 
 
-def _file(path: str, kind: str) -> list[TaskItem]:
-    rows = read_rows(path, kind)
-    items = []
-    for i, row in enumerate(rows):
-        if row.get("rubric") is not None:  # a rubric task: graded by its items, an answer is optional
-            if row.get("question") in (None, ""):
-                raise DataError(f"{path}: row {i} has no 'question'")
-            items.append(_rubric_item(f"{path}:{i}", str(row["question"]), row["rubric"], f"{path}: row {i}",
-                                      answer=str(row.get("answer") or ""), reference=str(row.get("reference") or "")))
+def _difficulty(row: dict, where: str) -> float:
+    value = row.get("difficulty")
+    if value is None:
+        return float("nan")
+    try:
+        difficulty = float(value)
+    except (TypeError, ValueError):
+        difficulty = float("nan")
+    if not 0.0 <= difficulty <= 1.0:
+        raise DataError(f"{where} has difficulty {value!r}; give a number in [0, 1] (1 hardest) or leave it out")
+    return difficulty
+
+
+def _row_item(fields: dict, extra: dict, cfg: DataSection, uid: str, where: str) -> TaskItem | None:
+    """The item of one mapped row; None when the answer preset finds no answer in it."""
+    messages = ""
+    if fields.get("messages") not in (None, "", []):
+        if fields.get("question") not in (None, ""):
+            raise DataError(f"{where} has both 'question' and 'messages'; give one (drop the other with "
+                            f"data.preprocess)")
+        turns = chat_turns(fields["messages"], where)
+        messages = json.dumps(turns, ensure_ascii=False)
+        fields["question"] = next(t["content"] for t in reversed(turns) if t["role"] == "user")
+    if fields.get("question") in (None, ""):
+        raise DataError(f"{where} has no 'question'" + (f" (data.columns.question={cfg.columns['question']!r})"
+                                                        if "question" in cfg.columns else ""))
+    reference = str(fields.get("reference") or "")
+    if fields.get("rubric") is not None:  # a rubric task: graded by its items, an answer is optional
+        item = _rubric_item(uid, str(fields["question"]), fields["rubric"], where,
+                            answer=str(fields.get("answer") or ""), reference=reference)
+        return dataclasses.replace(item, extra=extra_json(extra), messages=messages)
+    if fields.get("answer") in (None, ""):
+        raise DataError(f"{where} has no 'answer'" + (f" (data.columns.answer={cfg.columns['answer']!r})"
+                                                      if "answer" in cfg.columns else ""))
+    answer = gold_answer(str(fields["answer"]), cfg.answer_preset)
+    if answer is None:
+        return None
+    if cfg.answer_preset != "none":
+        reference = reference or str(fields["answer"])  # the worked solution the answer came from
+    scorer = fields.get("scorer") or "math"
+    if scorer not in ("math", "exact"):
+        raise DataError(f"{where} has scorer {scorer!r}; use 'math' or 'exact'")
+    return TaskItem(uid=uid, question=str(fields["question"]), answer=answer, scorer=scorer, reference=reference,
+                    difficulty=_difficulty(fields, where), extra=extra_json(extra), messages=messages)
+
+
+def _shown(rows: list[int]) -> str:
+    return ", ".join(map(str, rows[:SHOWN_ROWS])) + (", ..." if len(rows) > SHOWN_ROWS else "")
+
+
+def rows_to_items(rows: list[dict], cfg: DataSection, name: str) -> list[TaskItem]:
+    """The items of a file's or data set's rows (`name` names it in ids and errors), through data.preprocess,
+    data.columns and data.answer_preset; skipped rows are counted in a warning (the module docstring)."""
+    check_columns(cfg.columns)
+    hook = load_hook(cfg.preprocess)
+    items, dropped, unanswered, first_text = [], [], [], ""
+    for i, raw in enumerate(rows):
+        where = f"{name}: row {i}"
+        row = run_hook(hook, cfg.preprocess, raw, where) if hook else raw
+        if row is None:
+            dropped.append(i)
             continue
-        for key in ("question", "answer"):
-            if row.get(key) in (None, ""):
-                raise DataError(f"{path}: row {i} has no {key!r}")
-        scorer = row.get("scorer") or "math"
-        if scorer not in ("math", "exact"):
-            raise DataError(f"{path}: row {i} has scorer {scorer!r}; use 'math' or 'exact'")
-        difficulty = row.get("difficulty")
-        if difficulty is not None:
-            try:
-                difficulty = float(difficulty)
-            except (TypeError, ValueError):
-                difficulty = float("nan")
-            if not 0.0 <= difficulty <= 1.0:
-                raise DataError(f"{path}: row {i} has difficulty {row.get('difficulty')!r}; give a number in [0, 1] "
-                                f"(1 hardest) or leave it out")
-        items.append(TaskItem(uid=f"{path}:{i}", question=str(row["question"]), answer=str(row["answer"]),
-                              scorer=scorer, reference=str(row.get("reference") or ""),
-                              difficulty=float("nan") if difficulty is None else difficulty))
+        fields, extra = map_columns(row, cfg.columns, where)
+        item = _row_item(fields, extra, cfg, f"{name}:{i}", where)
+        if item is None:
+            first_text = first_text or str(fields["answer"])
+            unanswered.append(i)
+            continue
+        items.append(item)
+    if 2 * len(unanswered) > len(rows):
+        raise DataError(f"{name}: data.answer_preset={cfg.answer_preset!r} finds no answer in {len(unanswered)} of "
+                        f"{len(rows)} rows (rows {_shown(unanswered)}; row {unanswered[0]}'s answer ends "
+                        f"{first_text[-120:]!r}): is the preset, or data.columns.answer, right?")
+    if unanswered:
+        log.warning(f"{name}: skipped {len(unanswered)} of {len(rows)} rows where data.answer_preset="
+                    f"{cfg.answer_preset!r} finds no answer (rows {_shown(unanswered)})")
+    if dropped:
+        log.warning(f"{name}: data.preprocess={cfg.preprocess!r} dropped {len(dropped)} of {len(rows)} rows "
+                    f"(rows {_shown(dropped)})")
+    if not items:
+        raise DataError(f"{name}: no rows left ({len(dropped)} dropped by data.preprocess, {len(unanswered)} without "
+                        f"an answer)")
     return items
+
+
+def prompt_messages(item: TaskItem, system_prompt: str = "", instruction: str = "") -> list[dict[str, str]]:
+    """The chat turns of an item's prompt: its own turns (multi-turn rows) or its question as one user turn;
+    `system_prompt` goes first unless the turns have a system turn, `instruction` ends the last user turn."""
+    turns = json.loads(item.messages) if item.messages else [{"role": "user", "content": item.question}]
+    if system_prompt and turns[0]["role"] != "system":
+        turns = [{"role": "system", "content": system_prompt}, *turns]
+    if instruction:
+        turns[-1] = {**turns[-1], "content": f"{turns[-1]['content']}\n{instruction}"}
+    return turns
 
 
 def load_items(cfg: DataSection, split: str) -> list[TaskItem]:
@@ -116,8 +198,11 @@ def load_items(cfg: DataSection, split: str) -> list[TaskItem]:
         return _reasoning_gym(cfg, split) if split != "sft" or cfg.sft_size > 0 else []
     if cfg.source == "rubric":
         return _rubric_tasks(cfg, split)
+    if cfg.source == "hf":
+        got = hf_rows(cfg, split)
+        return rows_to_items(got[1], cfg, got[0]) if got else []
     path = {"train": cfg.path, "eval": cfg.eval_path, "sft": cfg.sft_path}[split]
-    return _file(path, cfg.source) if path else []
+    return rows_to_items(read_rows(path, cfg.source), cfg, path) if path else []
 
 
 def load_splits(cfg: DataSection) -> tuple[list[TaskItem], list[TaskItem]]:

@@ -1,21 +1,46 @@
-"""Tokenizers from local folders only (the Hub is never contacted) and chat-prompt encoding."""
+"""Tokenizers from local folders only (the Hub is never contacted) and chat-prompt encoding.
+
+Nothing here changes the HF_* environment: `local_files_only=True` keeps loading off the network, and the
+CLI alone decides offline mode for its process (jaxrl_llm/hub.py)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Sequence
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-
-def load_tokenizer(folder: str | Path):
+def load_tokenizer(folder: str | Path, chat_template: str = ""):
+    """The tokenizer of a local model folder; `chat_template` (data.chat_template_override: Jinja text or the path
+    of a .jinja file) replaces the folder's template, e.g. for a model that ships none."""
     from transformers import AutoTokenizer
 
     folder = Path(folder)
     if not (folder / "tokenizer.json").is_file() and not (folder / "tokenizer_config.json").is_file():
         raise FileNotFoundError(f"{folder}: no tokenizer files (tokenizer.json / tokenizer_config.json)")
-    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    if chat_template:
+        tok.chat_template = read_chat_template(chat_template)
+    return tok
+
+
+def read_chat_template(value: str) -> str:
+    """A chat template given as Jinja text (it holds "{%" or "{{") or as the path of a file holding it; a path
+    that is no file, or a template Jinja cannot parse, is refused naming it."""
+    import jinja2
+
+    text = value
+    if "{%" not in value and "{{" not in value:
+        path = Path(value).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"data.chat_template_override={value!r}: no such file (give a Jinja template or "
+                                    f"the path of a .jinja file)")
+        text = path.read_text(encoding="utf-8")
+    try:
+        jinja2.Environment().parse(text)
+    except jinja2.TemplateSyntaxError as e:
+        raise ValueError(f"data.chat_template_override={value!r}: not a Jinja template: {e.message} "
+                         f"(line {e.lineno})") from None
+    return text
 
 
 def pad_id(tokenizer) -> int:
@@ -31,6 +56,7 @@ def stop_ids(tokenizer, extra: Sequence[int] = ()) -> tuple[int, ...]:
 def encode_chat(tokenizer, messages: list[dict[str, str]]) -> list[int]:
     """Token ids of `messages` through the tokenizer's chat template, ready for the assistant turn."""
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("the tokenizer has no chat template; pass a raw prompt instead")
+        raise ValueError("the tokenizer has no chat template: give one (data.chat_template_override: Jinja text or "
+                         "a .jinja file) or encode a raw prompt")
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return tokenizer(text, add_special_tokens=False)["input_ids"]

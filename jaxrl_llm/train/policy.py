@@ -11,11 +11,11 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jaxrl_llm.config import Config
-from jaxrl_llm.data.tasks import TaskItem
+from jaxrl_llm.data.tasks import TaskItem, prompt_messages
 from jaxrl_llm.model.config import ModelConfig
 from jaxrl_llm.model.hf_io import load_hf_folder
 from jaxrl_llm.model.registry import resolve
-from jaxrl_llm.model.tokenizer import load_tokenizer
+from jaxrl_llm.model.tokenizer import encode_chat, load_tokenizer
 from jaxrl_llm.model.transformer import Transformer, abstract_model
 from jaxrl_llm.parallel.rules import sharding_tree
 
@@ -54,7 +54,7 @@ def build_policy(cfg: Config, mesh: Mesh, out_dir: Path) -> tuple[Policy, nnx.St
     else:
         folder = resolve(cfg.model.name)
         model, model_cfg = load_hf_folder(folder, mesh=mesh, param_dtype=cfg.model.param_dtype)
-        tok = load_tokenizer(folder)
+        tok = load_tokenizer(folder, cfg.data.chat_template_override)
         graphdef, params = nnx.split(model)
     if cfg.model.remat:
         graphdef = _with_remat(graphdef, params)
@@ -68,6 +68,8 @@ def _with_remat(graphdef, params):
 
 
 def encode_prompt(tok, cfg: Config, item: TaskItem) -> list[int]:
+    if item.messages:  # a multi-turn row: its own turns, always in the chat template
+        return encode_chat(tok, prompt_messages(item, cfg.data.system_prompt, cfg.data.instruction))
     return encode_text(tok, cfg, item.question + (f"\n{cfg.data.instruction}" if cfg.data.instruction else ""))
 
 
