@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from jaxrl_llm.rewards.functions import parse as parse_reward_functions
 from jaxrl_llm.rl.advantages import ESTIMATORS
 from jaxrl_llm.rl.losses import AGGREGATIONS, KL_ESTIMATORS
 
@@ -42,7 +43,7 @@ class MeshSection:
 
 @dataclasses.dataclass(frozen=True)
 class DataSection:
-    source: str = "reasoning_gym"  # reasoning_gym | jsonl | parquet | rubric (generated rubric tasks)
+    source: str = "reasoning_gym"  # reasoning_gym | jsonl | parquet | hf (`datasets`) | rubric (generated rubric tasks)
     task: str = "basic_arithmetic"  # reasoning-gym data set name
     task_args: dict = dataclasses.field(default_factory=dict)
     path: str = ""  # jsonl / parquet file (train); `eval_path` for held-out rows
@@ -54,11 +55,32 @@ class DataSection:
     # RL training items
     sft_size: int = 0
     sft_path: str = ""
+    # source hf (data/hf_rows.py): datasets.load_dataset(dataset, subset, data_files=data_files, split=split):
+    dataset: str = ""  # a Hub name ("openai/gsm8k"), a local folder, or a builder (parquet, json, csv) with data_files
+    subset: str = ""  # the dataset's config name (e.g. "main" for openai/gsm8k)
+    data_files: str | list | dict = ""  # a path or glob, a list of them, or {split: files}; from the working folder
+    split: str = "train"  # the training rows; datasets' slices and sums work ("train[:1000]", "train+test")
+    eval_split: str = ""  # held-out rows (e.g. "test"); "": none
+    sft_split: str = ""  # separate SFT rows, never an RL training question; "": SFT on the training rows
+    # every source but reasoning_gym / rubric (data/tasks.py): {our field: the row's column}, fields question,
+    # answer, scorer, reference, difficulty, rubric, messages; a row's other columns reach reward functions as
+    # TaskItem.extra (a JSON object)
+    columns: dict = dataclasses.field(default_factory=dict)
+    # the gold answer read out of the answer column: none (as is) | gsm8k (after the last "####", commas removed) |
+    # boxed (the last \boxed{...}); the column's full text then becomes the reference solution. Rows where the
+    # preset finds nothing are skipped and counted (a warning names them); over half of a split: an error
+    answer_preset: str = "none"
+    # "module:function" or "file.py:function", called on each raw row dict before the column mapping; returns the
+    # row dict, or None to drop the row (counted)
+    preprocess: str = ""
     seed: int = 0
     system_prompt: str = ""
     answer_format: str = "tags"  # tags | last_number | boxed | raw: how the answer is read from a response
     instruction: str = ""  # appended to every question (e.g. how to format the answer)
     chat_template: bool = True
+    # a Jinja chat template (text, or the path of a .jinja file) replacing the tokenizer's, for models without one;
+    # rows with `messages` (system and few-shot turns ending in a user turn) always render through the template
+    chat_template_override: str = ""
     # reference solutions written by the project for tasks that ship none ("steps": basic_arithmetic left to
     # right, one operation a line; data/worked.py): SFT targets and RRL's optional reference prefixes
     worked: str = ""
@@ -131,6 +153,15 @@ class RewardSection:
     # (the first ask is greedy; a greedy retry would repeat the same answer)
     judge_retries: int = 1
     judge_retry_temperature: float = 0.7
+    # Python reward functions (rewards/functions.py): each entry "module:function", "path/to/file.py:function"
+    # (relative to the working directory) or {name: "module:function", weight: 1.0}; f(prompt, completion, item)
+    # -> float | dict[str, float]; a row's reward adds weight x the sum of its components. Imported and checked
+    # at start-up; a call that fails scores 0 for its term (counted: reward_fn_errors). Metrics: reward/<component>
+    functions: list = dataclasses.field(default_factory=list)
+    builtin: bool = True  # add the task's own scorer (exact, math, reasoning-gym, rubric); false: the functions only
+    # what accuracy and pass@k count as solved: "" the built-in scorer's full marks; a component's name (a float
+    # function's name, or a key of a dict one): rows where that component, unweighted, is >= 1
+    correctness: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,6 +316,25 @@ class TrainSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class LoggingSection:
+    """What a run reports beside metrics.jsonl and TensorBoard (train/tracking.py); process 0 only."""
+
+    # Weights & Biases: every metrics.jsonl row and the completion samples go to one W&B run, whose id is kept in
+    # <out_dir>/wandb.json so a resume continues it. Needs the `wandb` extra (pip install 'jaxrl-llm[wandb]')
+    wandb: bool = False
+    wandb_project: str = "jaxrl-llm"
+    wandb_entity: str = ""  # "": the account's default entity
+    # offline: written under wandb_dir only (upload later with `wandb sync <wandb_dir>/wandb/offline-run-*`);
+    # online: needs WANDB_API_KEY or `wandb login` (refused rather than prompting); disabled: as wandb=false
+    wandb_mode: str = "offline"
+    wandb_dir: str = ""  # "": the run folder (W&B writes its files into <wandb_dir>/wandb/)
+    # every samples_every RL steps (0: never), samples_per_step of the step's rows (spread over its groups) go to
+    # <out_dir>/samples.jsonl (prompt, completion, reward, ...), a TensorBoard text and a W&B table
+    samples_every: int = 10
+    samples_per_step: int = 4
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     model: ModelSection = ModelSection()
     mesh: MeshSection = MeshSection()
@@ -297,6 +347,7 @@ class Config:
     eval: EvalSection = EvalSection()
     explore: ExploreSection = ExploreSection()
     train: TrainSection = TrainSection()
+    logging: LoggingSection = LoggingSection()
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -305,7 +356,8 @@ class Config:
 CHOICES = {
     "model.param_dtype": ("float32", "bfloat16"),
     "model.compute_dtype": ("float32", "bfloat16"),
-    "data.source": ("reasoning_gym", "jsonl", "parquet", "rubric"),
+    "data.source": ("reasoning_gym", "jsonl", "parquet", "hf", "rubric"),
+    "data.answer_preset": ("none", "gsm8k", "boxed"),
     "data.answer_format": ("tags", "last_number", "boxed", "raw"),
     "data.overlong": ("drop", "truncate"),
     "data.worked": ("", "steps"),
@@ -320,6 +372,7 @@ CHOICES = {
     "algo.kl_estimator": KL_ESTIMATORS,
     "optim.schedule": ("constant", "cosine"),
     "eval.split": ("heldout", "train"),
+    "logging.wandb_mode": ("offline", "online", "disabled"),
 }
 
 # Values that were once accepted, or that users expect, refused with the reason.
@@ -358,7 +411,16 @@ def _build(cls, raw: Any, where: str, source: str):
 def _coerce(value, typ, dotted, source):
     origin = typing.get_origin(typ)
     if origin in (typing.Union, types.UnionType):
-        typ = next(t for t in typing.get_args(typ) if t is not type(None))
+        options = [t for t in typing.get_args(typ) if t is not type(None)]
+        if len(options) > 1:  # a field of several types (data.data_files: str | list | dict)
+            for option in options:
+                try:
+                    return _coerce(value, option, dotted, source)
+                except ConfigError:
+                    pass
+            raise ConfigError(f"{source}: '{dotted}' must be {' or '.join(t.__name__ for t in options)}, "
+                              f"got {value!r}")
+        typ = options[0]
     if typ is bool:
         if isinstance(value, bool):
             return value
@@ -378,6 +440,9 @@ def _coerce(value, typ, dotted, source):
             return value
     elif typ is dict:
         if isinstance(value, dict):
+            return value
+    elif typ is list:
+        if isinstance(value, list):
             return value
     raise ConfigError(f"{source}: '{dotted}' must be {typ.__name__}, got {value!r}")
 
@@ -447,6 +512,15 @@ def _validate(cfg: Config, source: str) -> None:
          f"({rw.judge_max_new_tokens}) >= 1")
     need(rw.judge_retry_temperature > 0, f"reward.judge_retry_temperature={rw.judge_retry_temperature} must be > 0 "
          "(a greedy retry repeats the answer that could not be read)")
+    try:
+        parse_reward_functions(rw.functions)
+    except ValueError as e:
+        need(False, str(e))
+    need(rw.builtin or rw.functions, "reward.builtin=false needs reward.functions (there would be no reward)")
+    need(rw.builtin or rw.correctness, "reward.builtin=false: set reward.correctness to the component of a reward "
+         "function that says a response is solved (accuracy, pass@k), e.g. 'correct'")
+    need(not rw.correctness or rw.functions, f"reward.correctness={rw.correctness!r} names a reward function's "
+         "component, but reward.functions is empty")
     a = cfg.algo
     need(a.ppo_epochs >= 1 and a.minibatches >= 1 and a.micro_batch >= 1,
          f"algo.ppo_epochs ({a.ppo_epochs}), minibatches ({a.minibatches}) and micro_batch ({a.micro_batch}) "
@@ -462,8 +536,10 @@ def _validate(cfg: Config, source: str) -> None:
     need(0 <= cfg.algo.eps_low < 1 and cfg.algo.eps_high >= 0 and cfg.algo.dual_clip > 1, "bad clip settings")
     need(cfg.algo.hindsight_gamma > 0, f"algo.hindsight_gamma={cfg.algo.hindsight_gamma} must be > 0")
     need(cfg.model.name != "scratch" or cfg.model.scratch, "model.name=scratch needs model.scratch settings")
-    need(cfg.data.source in ("reasoning_gym", "rubric") or cfg.data.path,
+    need(cfg.data.source in ("reasoning_gym", "rubric", "hf") or cfg.data.path,
          f"data.source={cfg.data.source} needs data.path")
+    need(cfg.data.source != "hf" or cfg.data.dataset, "data.source=hf needs data.dataset (a Hub name, a local folder, "
+         "or a builder such as parquet / json / csv with data.data_files)")
     need(cfg.data.sft_size == 0 or cfg.data.source == "reasoning_gym",
          f"data.sft_size generates reasoning-gym items; with data.source={cfg.data.source} give data.sft_path")
     need(cfg.sft.steps == 0 or not (cfg.data.sft_size or cfg.data.sft_path)
@@ -505,6 +581,9 @@ def _validate(cfg: Config, source: str) -> None:
     need(cfg.train.keep_checkpoints >= 1, f"train.keep_checkpoints={cfg.train.keep_checkpoints} must be >= 1 (a run "
          "keeps at least its newest checkpoint to resume from)")
     need(cfg.train.checkpoint_every >= 1, f"train.checkpoint_every={cfg.train.checkpoint_every} must be >= 1")
+    lg = cfg.logging
+    need(lg.samples_every >= 0 and lg.samples_per_step >= 1, f"logging.samples_every ({lg.samples_every}) must be "
+         f">= 0 (0: no samples) and logging.samples_per_step ({lg.samples_per_step}) >= 1")
     need(not (cfg.train.overwrite and cfg.train.resume), "train.overwrite=true starts the run over: set "
          "train.resume=false with it")
     for key in filter(None, (k.strip() for k in cfg.train.accept_changes.split(","))):

@@ -14,6 +14,7 @@ import yaml
 from test_checkpoint import _truncate_data as _damage
 from test_trainer import _tiny_cfg, _train_rows
 
+from jaxrl_llm.config import load_config
 from jaxrl_llm.train.checkpoint import CheckpointMismatchError
 from jaxrl_llm.train.loop import Run
 from jaxrl_llm.train.run_dir import ConfigChangedError, RunFolder, RunFolderBusyError, RunFolderUsedError
@@ -227,3 +228,22 @@ def test_tensorboard_shows_each_step_once_after_a_resume(tmp_path):
     assert {k: v for k, v in sft.items() if k[0] in ("sft/nll", "eval_before_sft/nll")} == {
         ("eval_before_sft/nll", 0): [9.0], ("sft/nll", 10): [pytest.approx(0.1)],
         ("sft/nll", 20): [pytest.approx(0.05)], ("sft/nll", 30): [pytest.approx(1 / 30)]}
+
+
+def test_local_dataset_files_are_fingerprinted_and_a_changed_one_is_refused(tmp_path):
+    """data.source=hf with local data_files (a dict of lists here): each file's bytes are in the record, so
+    another file at the same path is a change the resume names (data.files#...), and data.columns is one value."""
+    from jaxrl_llm.train.run_dir import SAFE_TO_CHANGE, config_changes, config_record, matches
+
+    a, b = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
+    a.write_text('{"q": "1+1", "a": "2"}\n')
+    b.write_text('{"q": "2+2", "a": "4"}\n')
+    args = ["data.source=hf", "data.dataset=json", f"data.data_files={{train: [{a}], test: {b}}}",
+            "data.columns={question: q, answer: a}"]
+    before = config_record(load_config(None, args))
+    assert before["data.columns"] == {"question": "q", "answer": "a"}
+    a.write_text('{"q": "1+1", "a": "3"}\n')
+    changed = config_changes(before, config_record(load_config(None, args)))
+    assert list(changed) == [f"data.files#{a}#sha256"]
+    assert not matches(f"data.files#{a}#sha256", SAFE_TO_CHANGE) and matches(f"data.files#{a}#sha256", ["data"])
+    assert matches("logging.wandb", SAFE_TO_CHANGE)

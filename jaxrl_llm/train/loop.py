@@ -23,7 +23,6 @@ from tqdm import tqdm
 from jaxrl_llm.config import Config
 from jaxrl_llm.data.pipeline import prompt_batches
 from jaxrl_llm.data.tasks import load_sft_items, load_splits
-from jaxrl_llm.model.hf_io import export_hf_folder
 from jaxrl_llm.model.tokenizer import pad_id, stop_ids
 from jaxrl_llm.parallel import hosts
 from jaxrl_llm.parallel.memory_plan import check_run as check_run_memory
@@ -44,13 +43,14 @@ from jaxrl_llm.sampling.buckets import bucket
 from jaxrl_llm.sampling.sampler import Sampler
 from jaxrl_llm.train.checkpoint import Checkpointer
 from jaxrl_llm.train.evaluate import evaluate
-from jaxrl_llm.train.metrics import MetricsWriter, summary
+from jaxrl_llm.train.export import export_policy
 from jaxrl_llm.train.policy import build_policy, encode_items, encode_text
 from jaxrl_llm.train.run_dir import RunFolder, holding_folder
 from jaxrl_llm.train.rollout import plan_rows, rollout_metrics, sample_plan, score, update_rows, with_advantages
 from jaxrl_llm.train.sft import sft_batch
 from jaxrl_llm.train.state import TrainState
 from jaxrl_llm.train.stop import RESUME_EXIT_CODE, StopFlag, maintenance_url
+from jaxrl_llm.train.tracking import Tracker, summary
 from jaxrl_llm.utils import compile_counter
 
 PHASE_ROLLOUT, PHASE_EVAL, PHASE_SFT, PHASE_MINIBATCH = 1, 2, 3, 4
@@ -190,7 +190,7 @@ class Run:
         scorers = {it.scorer for it, _ in self.train_items + self.eval_items}
         r = self.cfg.reward
         return RewardPool(r.workers, r.timeout_s, scorers=scorers, memory_mb=r.memory_mb, file_mb=r.file_mb,
-                          start_retries=r.start_retries)
+                          start_retries=r.start_retries, functions=r.functions)
 
     def _maintenance_url(self) -> str:
         return maintenance_url(self.cfg.train.maintenance_url, self.mesh.devices.flat[0].platform)
@@ -263,7 +263,7 @@ class Run:
         self.sft_update = make_update(self.policy.graphdef, spec, self.sft_opt, params,
                                       abstract_optimizer_state(self.sft_opt, params, self.mesh), self.mesh)
 
-    def run_sft(self, writer: MetricsWriter, stop: StopFlag) -> None:
+    def run_sft(self, writer: Tracker, stop: StopFlag) -> None:
         """SFT steps from the current one on; returns early (the caller checkpoints) when a stop is asked."""
         cfg, st = self.cfg, self.state
         self._build_sft()
@@ -345,11 +345,12 @@ class Run:
                    "time_sample_s": t1 - t0, "time_reward_s": t2 - t1, "time_revise_s": t3 - t2}
         return rollouts, dict(info=info, **metrics)
 
-    def rl_step(self, pool: RewardPool) -> dict:
+    def rl_step(self, pool: RewardPool, writer: Tracker) -> dict:
         cfg, st = self.cfg, self.state
         t0 = time.perf_counter()
         rollouts, metrics = self.rollouts(pool, np.asarray(next(self.data)))
         info = metrics.pop("info")
+        writer.samples(st.step, rollouts, self.setup.items)
         t1 = time.perf_counter()
         full = update_rows(rollouts)
         if cfg.algo.recompute_old_logp:
@@ -409,11 +410,11 @@ class Run:
                         self.key(PHASE_EVAL, self.state.step), self.judge)
 
     # -- the loop ---------------------------------------------------------------------------------
-    def _write(self, writer: MetricsWriter, step: int, metrics: dict, kind: str = "train") -> None:
+    def _write(self, writer: Tracker, step: int, metrics: dict, kind: str = "train") -> None:
         writer.write(step, metrics, kind=kind)
         self.state.metrics_rows = writer.rows
 
-    def _eval(self, writer: MetricsWriter, pool: RewardPool, kind: str, label: str) -> dict:
+    def _eval(self, writer: Tracker, pool: RewardPool, kind: str, label: str) -> dict:
         result = self.evaluate(pool)
         self._write(writer, self.state.sft_step if kind == "eval_before_sft" else self.state.step, result, kind)
         self.log(f"{label} held-out: {_fmt(result)}")
@@ -427,7 +428,7 @@ class Run:
         self.folder.record_start()
         if resumed and st.stage == "rl" and st.step >= cfg.train.steps:
             return self._already_complete()
-        writer = MetricsWriter(self.out_dir, tensorboard=cfg.train.tensorboard, keep_rows=st.metrics_rows)
+        writer = Tracker(cfg, keep_rows=st.metrics_rows)
         last_eval: dict = {}
         saved = ""
         watchdog = (cfg.train.watchdog_floor_s, cfg.train.watchdog_ceiling_s)
@@ -445,7 +446,7 @@ class Run:
             bar = tqdm(total=cfg.train.steps, initial=st.step, desc="train", disable=jax.process_index() != 0)
             while st.stage == "rl" and st.step < cfg.train.steps and not stop.sync():
                 st.step += 1
-                m = self.rl_step(pool)
+                m = self.rl_step(pool, writer)
                 self._write(writer, st.step, m)
                 bar.set_postfix(reward=f"{m['reward_mean']:.3f}", acc=f"{m['accuracy']:.2f}",
                                 H=f"{m['entropy']:.2f}", T=f"{m['temperature']:.2f}",
@@ -480,7 +481,7 @@ class Run:
         if hosts.count() > 1:
             params = jax.tree.map(lambda x: jnp.asarray(hosts.to_host(x)), params)
         if jax.process_index() == 0:
-            export_hf_folder(nnx.merge(self.policy.graphdef, params), final, tokenizer=self.tok)
+            export_policy(nnx.merge(self.policy.graphdef, params), final, self.tok)
             self.log(f"exported the final policy to {final}")
 
     def _already_complete(self) -> dict:

@@ -1,5 +1,5 @@
-"""Step metrics: pass@k, group statistics, the writer (metrics.jsonl + TensorBoard, process 0 only), and the
-run's closing summary.
+"""Step metrics: pass@k, group statistics, and the writer (metrics.jsonl + TensorBoard, process 0 only; what a
+run reports beyond these, W&B and completion samples, is train/tracking.py).
 
 On a resume, metrics.jsonl keeps the rows written up to the checkpoint and drops the rest: the kept rows
 go to a temporary file that is renamed over it, so a crash (or a full disk) mid-way leaves the old file
@@ -79,22 +79,23 @@ class MetricsWriter:
             replace_text(self.path, "".join(ln + "\n" for ln in kept))
         # per stage, the first step a resumed run writes again (0 when it kept none): events from there on are stale
         self.purge = None if kept is None else {stage: 1 + max(
-            [json.loads(ln)["step"] for ln in kept if _stage(json.loads(ln)["kind"]) == stage], default=-1)
+            [json.loads(ln)["step"] for ln in kept if stage_of(json.loads(ln)["kind"]) == stage], default=-1)
             for stage in ("sft", "rl")}
 
-    def write(self, step: int, metrics: dict, kind: str = "train") -> None:
+    def write(self, step: int, metrics: dict, kind: str = "train") -> dict | None:
+        """Row number `self.rows` (counting from 1); returns the row as written (None on processes other than 0)."""
         self.rows += 1
         if not self.enabled:
-            return
+            return None
         row = {"step": step, "kind": kind, "wall_time": time.time(), **{k: _plain(v) for k, v in metrics.items()}}
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
         if self.tb_dir is not None:
-            tb = self._tb(_stage(kind))
-            for k, v in row.items():
-                if isinstance(v, (int, float)) and k != "step":
-                    tb.add_scalar(f"{kind}/{k}", v, step)
+            tb = self._tb(stage_of(kind))
+            for k, v in scalars(row).items():
+                tb.add_scalar(f"{kind}/{k}", v, step)
             tb.flush()
+        return row
 
     def _tb(self, stage: str):
         if stage not in self.tb:
@@ -111,23 +112,14 @@ class MetricsWriter:
             tb.close()
 
 
-def summary(out_dir: Path) -> str:
-    """Held-out accuracy at the start of the run (before SFT if any), at RL step 0, and at its last evaluation."""
-    path = Path(out_dir) / "metrics.jsonl"
-    rows = read_rows(path) if path.exists() else []
-    # evaluations that scored something (an empty held-out set, e.g. every item also a training one, scores nothing)
-    evals = [r for r in rows if r["kind"] in ("eval_before_sft", "eval") and "greedy_accuracy" in r]
-    if not evals:
-        return f"summary ({out_dir}): no held-out problems were evaluated"
-    keys = ("greedy_accuracy", "sampled_accuracy")
-    points = [("start", evals[0])] + ([("RL step 0", evals[1])] if evals[0]["kind"] == "eval_before_sft"
-                                       and len(evals) > 2 else []) + [(f"step {evals[-1]['step']}", evals[-1])]
-    return f"summary ({out_dir}): " + "; ".join(
-        f"{k.replace('_', ' ')} " + " -> ".join(f"{r[k]:.3f} ({w})" for w, r in points) for k in keys)
-
-
-def _stage(kind: str) -> str:
+def stage_of(kind: str) -> str:
+    """The stage a metrics row belongs to, whose step it counts: "sft" (SFT steps) or "rl" (RL steps)."""
     return "sft" if kind in ("sft", "eval_before_sft") else "rl"
+
+
+def scalars(row: dict) -> dict:
+    """The numbers of a metrics row that trackers plot (lists, strings and the step itself are not)."""
+    return {k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "step"}
 
 
 def replace_text(path: Path, text: str) -> None:

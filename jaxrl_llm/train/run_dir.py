@@ -57,7 +57,7 @@ SAFE_TO_CHANGE = ("train.steps", "sft.steps", "eval.every", "train.checkpoint_ev
                   "train.device_memory_gib", "train.maintenance_url", "train.out_dir", "train.seed",
                   "train.watchdog_floor_s", "train.watchdog_ceiling_s", "reward.workers", "reward.start_retries",
                   "eval.revise_rounds",
-                  "mesh")
+                  "mesh", "logging")
 # how this start treats the folder, not what the run is: never compared
 HOW_TO_START = ("train.resume", "train.overwrite", "train.accept_changes")
 WHOLE_FILE_BYTES = 64 << 20  # model-folder files above this are fingerprinted by name and size only
@@ -86,6 +86,10 @@ def config_record(cfg: Config) -> dict:
     for key in ("data.path", "data.eval_path", "data.sft_path"):
         if flat.get(key):
             flat[f"{key}#sha256"] = _digest(Path(flat[key]))
+    local = [cfg.data.dataset] + _file_names(cfg.data.data_files) if cfg.data.source == "hf" else []
+    for name in local:  # a Hub name is no local path: its revision is the datasets cache's business
+        if name and Path(name).exists():
+            flat[f"data.files#{name}#sha256"] = _digest(Path(name), whole_below=WHOLE_FILE_BYTES)
     if cfg.model.name != "scratch":
         from jaxrl_llm.model.registry import resolve
 
@@ -285,8 +289,16 @@ def _flatten(tree: dict, prefix: str = "") -> dict:
     return out
 
 
+def _file_names(data_files) -> list[str]:
+    """The file names in a `data.data_files` value (a name, a list, or a dict of either)."""
+    if isinstance(data_files, str):
+        return [data_files]
+    values = data_files.values() if isinstance(data_files, dict) else data_files or []
+    return [n for v in values for n in _file_names(v)]
+
+
 def _is_leaf_dict(key: str) -> bool:
-    return key in ("model.scratch", "data.task_args")
+    return key in ("model.scratch", "data.task_args", "data.columns", "data.data_files")
 
 
 def _digest(path: Path, whole_below: int | None = None) -> str:
