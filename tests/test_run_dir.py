@@ -59,7 +59,8 @@ def test_resume_false_on_a_used_folder_is_refused_and_overwrite_moves_the_old_ru
     assert _steps(aside[0] / "checkpoints") == [0, 2]
 
 
-def test_a_second_writer_is_refused_naming_the_holder_and_eval_only_reads_a_live_run(tmp_path, capsys):
+def test_a_second_writer_is_refused_naming_the_holder_and_eval_only_reads_a_live_run(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # eval writes eval_out/ in the working directory
     from jaxrl_llm.cli import main
 
     cfg = _tiny_cfg(tmp_path, "train.steps=2")

@@ -332,7 +332,8 @@ def test_bf16_sampling_follows_the_trainers_numbers(tmp_path):
     assert recomputed["clip_low"] == 0 and recomputed["clip_high"] == 0
 
 
-def test_eval_leaves_the_recorded_config_and_a_finished_run_says_so(tmp_path, capsys):
+def test_eval_leaves_the_recorded_config_and_a_finished_run_says_so(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # eval writes eval_out/ in the working directory
     import yaml
     from jaxrl_llm.cli import main
     cfg = _tiny_cfg(tmp_path, "train.steps=2", "train.export_final=true")

@@ -3,7 +3,7 @@
 # process per host (JAXRL_COORDINATOR_ADDRESS = the first host, JAXRL_NUM_PROCESSES, JAXRL_PROCESS_ID:
 # jaxrl_llm/parallel/distributed.py), stream the first host's log, and restart the run from its checkpoint
 # whenever it stops for preemption (exit 75). Ctrl-C / SIGTERM stop every host cleanly (each saves).
-# The hosts need passwordless ssh and a shared or identical train.out_dir path (README, "Scale-out": how a
+# The hosts need passwordless ssh and a shared or identical train.out_dir path (docs/scale_out.md: how a
 # step runs on several processes); --dry-run shows the plan. What travels: the files git tracks (as they are
 # here) and each --include PATH, never other untracked files (a stray .env); the archive is deleted on the
 # host once unpacked. The config and overrides travel in that archive (tools/remote_run.sh reads them), so no

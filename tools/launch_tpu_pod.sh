@@ -6,7 +6,7 @@
 # What travels, how arguments reach the workers, start failures, the log timeout (LOG_TIMEOUT_S) and stops by
 # process id: as in tools/launch_gpu_multinode.sh. Needs the gcloud CLI, logged in. Multi-host slices (more
 # than one worker, e.g. v5p-64) need the multi-host data path, which the trainer refuses until it lands
-# (README, "Scale-out"); single-host slices (v5litepod-8, v4-8) run now.
+# (docs/scale_out.md); single-host slices (v5litepod-8, v4-8) run now.
 #
 #   bash tools/launch_tpu_pod.sh --name NAME --zone ZONE --type v5litepod-8 [--version tpu-ubuntu2204-base]
 #        [--project PROJECT] [--create] [--spot] [--dir jaxrl_llm] [--include PATH]... [--dry-run] \
