@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import CACHE_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("ablate", ROOT / "tools" / "ablate.py")
@@ -300,7 +301,7 @@ def _tiny_base(tmp_path) -> Path:
 def test_end_to_end_two_arms_through_the_real_trainer(tmp_path, monkeypatch, capsys):
     """Two arms x one seed, 2 RL steps each of a 1-layer scratch model (~15 s a run on 2 cores)."""
     monkeypatch.delenv("XLA_FLAGS", raising=False)  # one CPU device: the fastest tiny run
-    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(ROOT / ".cache" / "jax"))
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", CACHE_DIR)
     monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
     base = _tiny_base(tmp_path)
     spec_path = tmp_path / "spec.yaml"

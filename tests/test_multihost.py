@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_rrl import _rrl_cfg  # noqa: E402
 from test_trainer import RESUME_EXIT_CODE, _tiny_cfg, _train_rows, _wait_for_row  # noqa: E402
 
+from conftest import CACHE_DIR  # noqa: E402
 from jaxrl_llm.parallel.watchdog import STALE_S  # noqa: E402
 from jaxrl_llm.train.loop import Run  # noqa: E402
 
@@ -44,7 +45,7 @@ def _spawn_pair(tmp_path, cfg) -> list[subprocess.Popen]:
     for i in range(2):
         env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu",
                "JAXRL_COORDINATOR_ADDRESS": f"localhost:{port}", "JAXRL_NUM_PROCESSES": "2",
-               "JAXRL_PROCESS_ID": str(i), "JAX_COMPILATION_CACHE_DIR": str(ROOT / ".cache" / "jax")}
+               "JAXRL_PROCESS_ID": str(i), "JAX_COMPILATION_CACHE_DIR": CACHE_DIR}
         procs.append(subprocess.Popen([sys.executable, "-m", "jaxrl_llm.cli", "train", "--config", str(config)],
                                       cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     return procs
