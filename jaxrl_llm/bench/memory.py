@@ -20,6 +20,7 @@ than XLA:GPU or XLA:TPU (it does not realise remat's savings, jax-ml/jax#19822).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import time
@@ -153,6 +154,9 @@ def abstract_state(cfg, model_cfg, mesh):
     return graphdef, params, optimizer, abstract_optimizer_state(optimizer, params, mesh)
 
 
+_ANALYSES: dict = {}  # XLA memory analyses by the update program's text
+
+
 def update_memory(cfg, model_cfg=None, *, devices: int | None = None, platform: str | None = None) -> dict:
     """XLA's memory analysis (bytes per device) of the compiled update program for `cfg`, and the facts
     it depends on. `model_cfg` defaults to the config's model (its HF folder must be here). The
@@ -181,9 +185,11 @@ def update_memory(cfg, model_cfg=None, *, devices: int | None = None, platform: 
     t0 = time.perf_counter()
     lowered = jitted.lower(*args)
     t1 = time.perf_counter()
-    compiled = lowered.compile()
+    key = hashlib.sha256(lowered.as_text().encode()).hexdigest()
+    if key not in _ANALYSES:  # a program compiled before (plan() and then check() of one config) is not again
+        _ANALYSES[key] = lowered.compile().memory_analysis()
     t2 = time.perf_counter()
-    m = compiled.memory_analysis()
+    m = _ANALYSES[key]
 
     if spec.layout == "shared":  # [M micro-batches, R rows, Ls own tokens], contexts [M, G, Lc]
         micro_batches, micro_rows, _ = np_batch.tokens.shape
