@@ -104,6 +104,75 @@ def test_hosts_helpers_across_two_real_processes(tmp_path):
             assert rc == 0 and want in out, out[-3000:]
 
 
+_DAMAGE_SCRIPT = r"""
+import sys
+from pathlib import Path
+import numpy as np
+from jaxrl_llm.parallel.distributed import initialize_from_env
+initialize_from_env()
+import jax
+from jax.sharding import NamedSharding, PartitionSpec as P
+from jaxrl_llm.parallel import hosts
+from jaxrl_llm.parallel.mesh import make_mesh
+from jaxrl_llm.train.checkpoint import Checkpointer, CheckpointReadError
+
+i, folder, mode = hosts.index(), Path(sys.argv[1]), sys.argv[2]
+mesh = make_mesh({"data": 8})
+sh = NamedSharding(mesh, P("data"))
+ckpt = Checkpointer(folder, keep=5, async_save=False, log=lambda m: None)
+for step in (1, 2):
+    ckpt.save(step, {"params": {"w": hosts.put(np.full((8, 2), step, np.float32), sh)}}, {"model_signature": "m"},
+              wait=True)
+hosts.barrier("saved")
+seen = []
+
+def check(registry, where):  # the newest checkpoint fails on process 1 alone, as its own read found it
+    seen.append(where)
+    if i == 1 and where.endswith("/2"):
+        raise (FileNotFoundError("NOT_FOUND: a shard of process 1") if mode == "damage" else
+               OSError(5, "Input/output error"))
+
+like = lambda registry: {"params": {"w": hosts.put(np.zeros((8, 2), np.float32), sh)}}
+logs = []
+try:
+    step, arrays, _ = ckpt.restore_latest(like, "m", log=logs.append, check=check)
+except CheckpointReadError as e:
+    print("READ ERROR:", e)
+else:
+    print("RESTORED", step, float(hosts.to_host(arrays["params"]["w"]).mean()), sorted(ckpt.manager.all_steps()),
+          (folder.parent / (folder.name + ".damaged") / "2").is_dir(), "|", " ".join(logs))
+"""
+
+
+def test_one_process_finding_damage_moves_the_checkpoint_aside_for_both(tmp_path):
+    """The joint damage decision with two real processes: when only process 1's read of the newest checkpoint
+    fails as damage, both processes call it damaged, process 0 moves it aside once, and both restore the older
+    one; when process 1's failure is an I/O error instead, both stop with the read error and nothing moves."""
+    script = tmp_path / "damage_check.py"
+    script.write_text(_DAMAGE_SCRIPT)
+    for mode in ("damage", "io"):
+        port, procs = _free_port(), []
+        folder = tmp_path / mode / "checkpoints"
+        for i in range(2):
+            env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu",
+                   "JAXRL_COORDINATOR_ADDRESS": f"localhost:{port}", "JAXRL_NUM_PROCESSES": "2",
+                   "JAXRL_PROCESS_ID": str(i)}
+            procs.append(subprocess.Popen([sys.executable, str(script), str(folder), mode], cwd=ROOT, env=env,
+                                          text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        outs = [out for _, out in _finish(procs, timeout=180)]
+        lines = [[ln for ln in out.splitlines() if ln.startswith(("RESTORED", "READ ERROR"))] for out in outs]
+        assert all(len(x) == 1 for x in lines), outs[0][-2000:] + outs[1][-2000:]
+        if mode == "damage":
+            for line in (lines[0][0], lines[1][0]):
+                assert line.startswith("RESTORED 1 1.0 [1] True |") and "is damaged" in line, line
+            assert "damaged as another process read it" in lines[0][0] and "NOT_FOUND" in lines[1][0]
+        else:
+            for line in (lines[0][0], lines[1][0]):
+                assert line.startswith("READ ERROR:") and "nothing was moved" in line, line
+            assert sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) == [1, 2]
+            assert not (folder.parent / "checkpoints.damaged").exists()
+
+
 def _finish(procs, timeout=300) -> list[tuple[int, str]]:
     done = []
     for p in procs:
