@@ -5,7 +5,8 @@ HeRL):
 
     plan     each explorer may change the row plan: group sizes, temperatures, prefix rows
     sample   one sampler call for the plan
-    score    a reward per row (and rubric items met)
+    score    a reward per row, whether it counts as solved (Rollouts.correct, the run's definition:
+             never read "solved" off the reward, which reward functions' terms move), rubric items met
     revise   each explorer may add or replace rows, with `sample` and `score` callables it is
              handed (so explore/ never imports train/), and returns metrics of what it did
     advantages over the rows the step ended with, then the update

@@ -23,7 +23,8 @@ _INT32_MAX = 2**31 - 1
 
 
 def difficulty_ranks(reward_sum_P, count_P, seed_rank_P=None):
-    """Rank rho [P] float32 in [0, 1] of every prompt by mean reward: easiest 0, hardest 1.
+    """Rank rho [P] float32 in [0, 1] of every prompt by mean reward (E3 sums Rollouts.success, in [0, 1]
+    whatever reward functions add): easiest 0, hardest 1.
 
     Unseen prompts (count 0) sort as hardest (below every seen one), or, given `seed_rank_P` (a
     data-set rank in [0, 1], 1 hardest), as if their mean reward were 1 - seed_rank (rewards are

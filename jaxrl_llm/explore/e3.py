@@ -9,7 +9,9 @@ entropy. Each step:
     plan     group sizes from the ranks of the step's prompts (total fixed at N = n x B, so the
              batch shape never changes), every row at the controller's temperature (optionally
              offset by its prompt's rank)
-    observe  add the step's fresh rewards to the tracker; re-rank every `rank_every` steps (0: once
+    observe  add the step's fresh rows' success to the tracker (Rollouts.success: the reward as scored,
+             or with reward functions the [0, 1] value whose full marks are `correct`, so a bonus or a
+             penalty in the total never moves a rank); re-rank every `rank_every` steps (0: once
              an epoch); widen the bounds after each epoch; T <- T (1 + T ln(H*/H) / k), clamped,
              with H the mean tempered entropy of the step's generated tokens and H* the entropy
              of step 1 (or `target_entropy`), cosine-annealed over the last steps
@@ -39,7 +41,7 @@ QUINTILES = 5
 
 @struct.dataclass
 class E3State:
-    reward_sum: jax.Array  # [P] over the training prompts, fresh rollouts only
+    reward_sum: jax.Array  # [P] over the training prompts, fresh rollouts only: sums of Rollouts.success
     count: jax.Array  # [P]
     rank: jax.Array  # [P] difficulty rank in [0, 1], 1 hardest (as of the last re-rank)
     n_min: jax.Array  # () int32
@@ -124,11 +126,11 @@ class E3(Explorer):
         item = plan.prompt
         rank = to_host(state.rank)  # the ranks this step was planned with
         rank_rows = rank[item]
-        # the rewards as scored (not as another explorer adjusted them) feed the difficulty tracker
-        new, target = self._observe(state, jnp.asarray(item, jnp.int32), jnp.asarray(rollouts.scored, jnp.float32),
+        # success as scored (not the rewards as another explorer adjusted them) feeds the difficulty tracker
+        new, target = self._observe(state, jnp.asarray(item, jnp.int32), jnp.asarray(rollouts.success, jnp.float32),
                                     jnp.asarray(fresh), jnp.float32(entropy), jnp.int32(info.step))
         sizes = np.bincount(plan.group[fresh], minlength=len(info.prompt_ids))
-        correct = rollouts.scored >= 1.0 - 1e-6
+        correct = rollouts.correct
         quint = np.minimum((rank_rows * QUINTILES).astype(int), QUINTILES - 1)
         metrics = {"e3_temperature": float(new.temperature), "e3_target_entropy": float(target),
                    "e3_entropy": entropy, "e3_n_min": int(state.n_min), "e3_n_max": int(state.n_max),

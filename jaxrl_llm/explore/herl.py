@@ -24,6 +24,15 @@ After the step's rows are scored (`revise`), for the fresh groups whose best rew
                 with the sampler's log-probs under revise_prompt
 
 HeRL keeps no state across steps. Groups of replayed continuations (RRL) are left alone.
+
+HeRL reads the reward as scored (Rollouts.scored), not the run's yes/no `correct` as E3 and RRL do: its
+threshold, s*, the ties at s*, the bonus and the revisions kept above s* are all comparisons on one graded
+scale, the one the update trains on, and a rubric's share of items met is what the revisions are guided to
+raise (on `correct`, a threshold below 1 would mean nothing and wrong drafts meeting more items would tie
+with the rest). With reward functions that scale is the total: set `threshold` on it. With a 0.5 format bonus,
+threshold 1.5 revises every group whose best misses full marks plus the bonus (threshold 1 would skip a wrong
+draft the bonus lifts to 1.2); under a length penalty a fully met rubric scoring 0.95 is revised under
+threshold 1, and a revision is kept only when its total is higher.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ tokens) with Monte Carlo values, as one pytree with a leading capacity axis C, a
 that insert, sample, update, demote and drop its states. `jitted` compiles them once each, the
 array donated; `state_shardings` lays the C axis over the mesh's batch axes.
 
-Rules (rewards assumed in [0, 1]; visit counts whole numbers):
+Rules (rewards assumed in [0, 1]: RRL stores each row's Rollouts.success, in [0, 1] whatever reward
+functions add to the total; visit counts whole numbers):
 
 value     v_i = (prior_i + value_sum_i) / (1 + visits_i): the Monte Carlo mean of the continuations,
           with the prior (the reward of the response the prefix was cut from) as one pseudo-observation.
@@ -62,7 +63,7 @@ class ReplayState:
     tokens: jax.Array  # [C, T] int32, zero past the length
     length: jax.Array  # [C] int32, 0 = empty slot
     prompt: jax.Array  # [C] int32 training-set item id
-    value_sum: jax.Array  # [C] float32 sum of continuation rewards
+    value_sum: jax.Array  # [C] float32 sum of continuation rewards (their Rollouts.success)
     visits: jax.Array  # [C] float32 number of continuations
     prior: jax.Array  # [C] float32 reward of the response the prefix was cut from
     inserted_at: jax.Array  # [C] int32 step
@@ -71,7 +72,7 @@ class ReplayState:
     fingerprint: jax.Array  # [C, 2] uint32 hash of (prompt, length, tokens), for duplicate search
     inserts: jax.Array  # () int32 states inserted so far
     evictions: jax.Array  # () int32 occupied slots overwritten by inserts so far
-    drops: jax.Array  # () int32 states removed because their prompt was solved
+    drops: jax.Array  # () int32 states removed because their prompt was solved (Rollouts.correct)
 
     @property
     def capacity(self) -> int:

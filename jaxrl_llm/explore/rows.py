@@ -8,6 +8,15 @@ response (context, never trained on), per-row flags, and its random key. `Rollou
 sampled and scored: the sampler's output, a scalar reward per row, the rubric items each row met
 (tasks with rubrics), the decoded texts, and at the end the advantages.
 
+What counts as solved is the run's, not the reward's: with reward functions the total reward may be
+reached by a wrong answer (a format bonus) or missed by a right one (a length penalty), so the scorer
+(train/rollout.py `score`) also fills each row's `correct` (Scores.correct: the built-in scorer's full
+marks, or reward.correctness) and `success` (the [0, 1] value `correct` is full marks of). Every
+explorer decision that means "solved" reads `correct`; the per-prompt averages that assume rewards in
+[0, 1] (E3's difficulty, RRL's state values and priors) read `success`. Rows built without them (no
+reward functions: the reward is the built-in scorer's) get `correct` = full marks of `scored` and
+`success` = `scored`, which is what every explorer read before.
+
 Both can be cut (`take`), joined (`concat`) and patched (`replace_rows`), so an explorer can add
 rows or swap some for others sampled in another length bucket.
 """
@@ -88,10 +97,16 @@ class Rollouts:
     advantages: np.ndarray | None = None  # [N] float32, computed last
     # [N] the rewards as scored, before any explorer adjusted `rewards` (e.g. HeRL's bonus); trackers read these
     scored: np.ndarray | None = None
+    correct: np.ndarray | None = None  # [N] bool: the row counts as solved; default full marks of `scored`
+    success: np.ndarray | None = None  # [N] float32 in [0, 1], `correct` its full marks; default `scored`
 
     def __post_init__(self):
         if self.scored is None:
             object.__setattr__(self, "scored", self.rewards)
+        if self.correct is None:
+            object.__setattr__(self, "correct", full_marks(self.scored))
+        if self.success is None:
+            object.__setattr__(self, "success", self.scored)
 
     @property
     def rows(self) -> int:
@@ -101,7 +116,8 @@ class Rollouts:
         idx = np.arange(self.rows)[idx]
         return Rollouts(self.plan.take(idx), self.out.take(idx), self.rewards[idx],
                         tuple(self.texts[i] for i in idx), None if self.met is None else self.met[idx],
-                        None if self.advantages is None else self.advantages[idx], self.scored[idx])
+                        None if self.advantages is None else self.advantages[idx], self.scored[idx],
+                        self.correct[idx], self.success[idx])
 
     @staticmethod
     def concat(parts: Sequence["Rollouts"]) -> "Rollouts":
@@ -112,15 +128,20 @@ class Rollouts:
             met = np.concatenate([_widen_met(m, k) for m in mets])
         return Rollouts(RowPlan.concat([p.plan for p in parts]), SampleOutput.concat([p.out for p in parts]),
                         np.concatenate([p.rewards for p in parts]), tuple(t for p in parts for t in p.texts),
-                        met, scored=np.concatenate([p.scored for p in parts]))
+                        met, scored=np.concatenate([p.scored for p in parts]),
+                        correct=np.concatenate([p.correct for p in parts]),
+                        success=np.concatenate([p.success for p in parts]))
 
     def replace_rows(self, idx, other: "Rollouts") -> "Rollouts":
         """These rollouts with rows `idx` replaced by `other`'s (advantages are dropped: compute them
         again over the rows the step ends with)."""
         idx = np.arange(self.rows)[idx]
         rewards, scored, texts = self.rewards.copy(), self.scored.copy(), list(self.texts)
+        correct, success = self.correct.copy(), self.success.copy()
         rewards[idx] = other.rewards
         scored[idx] = other.scored
+        correct[idx] = other.correct
+        success[idx] = other.success
         for i, t in zip(idx, other.texts):
             texts[i] = t
         met = None
@@ -129,7 +150,12 @@ class Rollouts:
             met = _widen_met(self.met, k).copy()
             met[idx] = _widen_met(other.met, k)
         return Rollouts(self.plan.replace_rows(idx, other.plan), self.out.replace_rows(idx, other.out), rewards,
-                        tuple(texts), met, scored=scored)
+                        tuple(texts), met, scored=scored, correct=correct, success=success)
+
+
+def full_marks(rewards) -> np.ndarray:
+    """[N] bool: rewards at full marks (1, within float error), what `correct` is without reward functions."""
+    return np.asarray(rewards) >= 1.0 - 1e-6
 
 
 def _widen_met(met: np.ndarray, k: int) -> np.ndarray:

@@ -14,7 +14,7 @@ the success of the prompt's last fresh group, how it was first solved). Each ste
     observe  continuation rewards update the replayed states' values, then backtracking; states of
              prompts whose fresh group reached `unsolved_below` are dropped (and stale ones, with
              `max_age`); every response of a still-unsolved prompt (fresh or continued) is cut at
-             step boundaries (explore/cuts.py), `prefixes_per_response` cuts kept, prior = its reward
+             step boundaries (explore/cuts.py), `prefixes_per_response` cuts kept, prior = its success
              as scored (partial credit when on), or with prior=steps the prefix's own share of the
              reference solution's lines it has right (0 once a line is wrong: such prefixes are not
              kept under priority=uncertainty); optionally the reference solution too (prior 1, or its
@@ -23,6 +23,12 @@ the success of the prompt's last fresh group, how it was first solved). Each ste
              (explore/replay.py), since a group of continuations that all succeed or all fail gives
              GRPO no gradient; `value` draws the most valuable ones (ALGORITHMS.md §3). The step's
              accuracy and pass@k are of its fresh rows; `replay_*` figures are the continuations'.
+
+Solved is the run's (Rollouts.correct: the built-in scorer's full marks, or reward.correctness), never full
+marks of a total that reward functions' bonuses or penalties move; what RRL averages (state values, priors,
+the uncertainty rule's [0, 1] estimates) is Rollouts.success, the [0, 1] value whose full marks are `correct`
+(the reward as scored without reward functions). Whether continuation groups are mixed (have a gradient)
+is read from the rewards, which are what the update trains on.
 
 Shapes are fixed for the run (states drawn: always k_max, candidates: N x prefixes per response),
 and the trainer pads contexts to one length and count bucket, so nothing compiles after warm-up.
@@ -61,10 +67,6 @@ class RRLState:
 def _lines(text: str) -> list[str]:
     """Non-blank lines of `text` with spaces removed (how prefixes and reference solutions are compared)."""
     return [ln.replace(" ", "") for ln in text.splitlines() if ln.strip()]
-
-
-def solved(rewards) -> np.ndarray:
-    return np.asarray(rewards) >= 1.0 - 1e-6
 
 
 def free_slots(group: np.ndarray, count: int, floor: int = MIN_FRESH_GROUP) -> np.ndarray:
@@ -219,7 +221,7 @@ class RRL(Explorer):
             if plan.hindsight[i] or not unsolved_P[plan.prompt[i]]:
                 continue
             end = int(stop[i]) - (1 if out.finish_reason[i] == FINISH_STOP and out.num_generated[i] > 0 else 0)
-            add(int(plan.prompt[i]), out.tokens[i, int(out.prompt_len[i]):end], float(rollouts.scored[i]))
+            add(int(plan.prompt[i]), out.tokens[i, int(out.prompt_len[i]):end], float(rollouts.success[i]))
         for item in batch_unsolved if self.references else ():
             if len(self.references[item]):
                 add(int(item), self.references[item], 1.0)
@@ -236,7 +238,7 @@ class RRL(Explorer):
         c, plan = self.cfg, rollouts.plan
         p = self.setup.num_items
         pending = self._pending if self._pending and self._pending["step"] == info.step else {"states": 0}
-        ok = solved(rollouts.scored)
+        ok = rollouts.correct
         fresh = ~plan.replayed & ~plan.hindsight
         step_solved = np.bincount(plan.prompt[fresh], weights=ok[fresh], minlength=p)
         step_count = np.bincount(plan.prompt[fresh], minlength=p).astype(np.float64)
@@ -261,7 +263,7 @@ class RRL(Explorer):
             on_wrong = mixed = 0
             for j, g in enumerate(pending["groups"]):
                 rows = plan.group == g
-                sums[j], counts[j] = rollouts.scored[rows].sum(), rows.sum()
+                sums[j], counts[j] = rollouts.success[rows].sum(), rows.sum()
                 if last[plan.prompt[rows][0]] == 0.0:
                     on_wrong += 1
                     mixed += int(np.ptp(rollouts.scored[rows]) > 1e-6)

@@ -152,7 +152,8 @@ def run_eval(cfg: Config, loaded: Loaded, mesh, out: Path, temperatures=None, pa
             scored = Scores.concat(parts)
             figures = _figures(scored, lengths, n, k, [kk for kk in pass_ks if t != 0.0])
             revised = {} if rounds is None else rounds(row_item, rewards, met, texts, t,
-                                                       jax.random.fold_in(key, 3 + phase if phase < 3 else phase + 1))
+                                                       jax.random.fold_in(key, 3 + phase if phase < 3 else phase + 1),
+                                                       correct=scored.correct)
             figures.update({f"revise_{name}": v for name, v in revised.items()})
             by_t[str(t)] = figures
             all_lengths.append(lengths)

@@ -10,7 +10,7 @@ to it; comparing arms at their training temperature removes that confound. When 
 temperature is 1 the second set is a copy of the first (no second sampling pass).
 
 With eval.revise_rounds = k > 0 and rubric-graded problems, each pass's answers then go through k
-test-time self-revision rounds (train/revise_eval.py: an answer short of full marks is sent back with the
+test-time self-revision rounds (train/revise_eval.py: an answer not solved is sent back with the
 revise prompt, its met and unmet rubric items and itself as the draft; greedy rounds greedy, sampled ones at
 their pass's temperature). Figures, round r = 1..k (revise_eval.py says what each counts):
     revise_r{r}_accuracy, revise_r{r}_reward_mean, revise_r{r}_sent, revise_r{r}_improved,
@@ -88,7 +88,8 @@ def evaluate(sampler, params, pool, tok, cfg: Config, items, key: jax.Array, jud
            "problems": n, **scored.metrics("greedy_")}
     lengths, tokens = [greedy_len], int(greedy_len.sum())
     if rounds is not None:
-        figures = rounds(np.arange(n), greedy, greedy_met, greedy_texts, 0.0, jax.random.fold_in(key, 3))
+        figures = rounds(np.arange(n), greedy, greedy_met, greedy_texts, 0.0, jax.random.fold_in(key, 3),
+                         scored.correct)
         out.update({f"revise_{k}": v for k, v in figures.items()})
         tokens += _round_tokens(figures)
     rollout_t = float(cfg.rollout.temperature)
@@ -135,7 +136,7 @@ def _sampled_figures(sampler, params, pool, tok, cfg, items, temperature, key, p
             out[f"pass@{kk}"] = float(np.mean([pass_at_k(k, int(c), kk) for c in solved_count]))
     round_tokens = 0
     if rounds is not None:
-        figures = rounds(rows, sampled, met, texts, temperature, jax.random.fold_in(key, 3 + phase))
+        figures = rounds(rows, sampled, met, texts, temperature, jax.random.fold_in(key, 3 + phase), scored.correct)
         out.update({f"revise_sampled_{name}": v for name, v in figures.items()})
         round_tokens = _round_tokens(figures)
     return out, sampled_len, round_tokens
@@ -157,15 +158,19 @@ class _Rounds:
         rows, context = call_shape(cfg, prompts, sampler.max_cache_len)
         self.shape = {"min_rows": rows, "min_context": context}
 
-    def __call__(self, row_item, rewards, met, texts, temperature, key) -> dict:
+    def __call__(self, row_item, rewards, met, texts, temperature, key, correct=None) -> dict:
+        """The rounds' figures from the first answers; `correct`: which are solved (their Scores' `correct`;
+        None: full marks of `rewards`, what it is without reward functions)."""
         p = self.prompts
 
         def revise(r, rows, drafts: Answers):
             items = row_item[rows]
             contexts = [p.ids(int(i), drafts.met[j], drafts.texts[j]) for j, i in enumerate(items)]
+            parts: list = []
             new, new_met, lengths, new_texts = sample_graded(*self.args, items, temperature, jax.random.fold_in(key, r),
-                                                             self.judge, contexts, **self.shape)
-            return Answers(new, widen(new_met, len(rows), p.width), tuple(new_texts)), lengths
+                                                             self.judge, contexts, parts, **self.shape)
+            return Answers(new, widen(new_met, len(rows), p.width), tuple(new_texts), Scores.concat(parts).correct), \
+                lengths
 
-        first = Answers(rewards, widen(met, len(rewards), p.width), tuple(texts))
+        first = Answers(rewards, widen(met, len(rewards), p.width), tuple(texts), correct)
         return run_rounds(first, p.graded[row_item], self.cfg.eval.revise_rounds, revise)

@@ -1,20 +1,22 @@
 """Test-time self-revision rounds (HeRL's "experience-guided self-improvement at test time").
 
-After evaluation's first answers, every rubric-graded answer short of full marks goes back to the policy
+After evaluation's first answers, every rubric-graded answer not solved goes back to the policy
 with the revise prompt training uses (explore.herl.revise_template, filled by explore/herl.py
 `revise_text`: the question, the rubric items the answer meets and misses, the answer as the draft) and
 its new answer replaces it; eval.revise_rounds rounds. Each new answer is scored against the ORIGINAL
-item and rubric. An answer with full marks is never sent back, so it keeps them: accuracy can only rise
-from round to round, the mean reward can fall. Answers to tasks without a rubric are never sent back.
+item and rubric. Solved is what the Scores say (train/rollout.py: the built-in scorer's full marks, or
+reward.correctness), not full marks of a total that reward functions move. A solved answer is never sent
+back, so it stays solved: accuracy can only rise from round to round, the mean reward can fall. Answers to
+tasks without a rubric are never sent back.
 
 Figures of round r (1..k), over all the pass's answers (problems for greedy, samples for sampled):
-    r{r}_accuracy     share with full marks after round r (each answer the last one it got)
+    r{r}_accuracy     share solved after round r (each answer the last one it got)
     r{r}_reward_mean  their mean reward
     r{r}_sent         share sent back in round r
     r{r}_improved     share whose reward round r raised; r{r}_worse: lowered (of all answers, not of those sent)
     r{r}_tokens       tokens generated in round r
-    best_accuracy, best_reward_mean   each answer's best reward over rounds 0..k (best_accuracy equals
-                      r{k}_accuracy by the rule above; the best reward can exceed the last)
+    best_accuracy     share solved in any of rounds 0..k (equal to r{k}_accuracy by the rule above)
+    best_reward_mean  each answer's best reward over rounds 0..k (it can exceed the last)
 
 Revise prompts are longer than task prompts: every revise call is padded to the same rows (the rollout
 batch) and to one context floor (`context_floor`: the longest revise prompt of the evaluated items with a
@@ -40,14 +42,20 @@ TIE = 1e-6  # rewards closer than this count as unchanged
 
 @dataclasses.dataclass(frozen=True)
 class Answers:
-    """Scored answers: reward [m], rubric items met [m, K] (False past a rubric's end), text."""
+    """Scored answers: reward [m], rubric items met [m, K] (False past a rubric's end), text, solved [m] (the
+    Scores' `correct`; default full marks of the reward, what it is without reward functions)."""
 
     rewards: np.ndarray
     met: np.ndarray
     texts: tuple[str, ...]
+    correct: np.ndarray | None = None
+
+    def __post_init__(self):
+        if self.correct is None:
+            object.__setattr__(self, "correct", solved(self.rewards))
 
     def take(self, rows: np.ndarray) -> "Answers":
-        return Answers(self.rewards[rows], self.met[rows], tuple(self.texts[i] for i in rows))
+        return Answers(self.rewards[rows], self.met[rows], tuple(self.texts[i] for i in rows), self.correct[rows])
 
 
 # revise(round, rows, drafts) -> (new answers for `rows`, tokens each generated); drafts = the current answers at rows
@@ -119,27 +127,27 @@ def call_shape(cfg: Config, prompts: RevisePrompts, max_cache_len: int) -> tuple
 
 def run_rounds(first: Answers, graded: np.ndarray, rounds: int, revise: Revise) -> dict:
     """The round figures (module docstring) of `rounds` revise rounds from the `first` answers; `graded` [m]:
-    the answers that may be sent back (rubric tasks). A round sends back the graded answers short of full
-    marks and calls `revise` only when there is one."""
-    cur, best = first, first.rewards.astype(np.float64)
+    the answers that may be sent back (rubric tasks). A round sends back the graded answers not solved and
+    calls `revise` only when there is one."""
+    cur, best, ever = first, first.rewards.astype(np.float64), first.correct.copy()
     m = len(first.rewards)
     out = {}
     for r in range(1, rounds + 1):
-        sent = np.flatnonzero(graded & ~solved(cur.rewards))
+        sent = np.flatnonzero(graded & ~cur.correct)
         improved = worse = tokens = 0
         if len(sent):
             new, lengths = revise(r, sent, cur.take(sent))
             before = cur.rewards[sent]
             improved, worse = int(np.sum(new.rewards > before + TIE)), int(np.sum(new.rewards < before - TIE))
             tokens = int(np.sum(lengths))
-            rewards, met, texts = cur.rewards.copy(), cur.met.copy(), list(cur.texts)
-            rewards[sent], met[sent] = new.rewards, new.met
+            rewards, met, texts, correct = cur.rewards.copy(), cur.met.copy(), list(cur.texts), cur.correct.copy()
+            rewards[sent], met[sent], correct[sent] = new.rewards, new.met, new.correct
             for j, i in enumerate(sent):
                 texts[i] = new.texts[j]
-            cur = Answers(rewards, met, tuple(texts))
-            best = np.maximum(best, cur.rewards)
-        out.update({f"r{r}_accuracy": float(np.mean(solved(cur.rewards))),
+            cur = Answers(rewards, met, tuple(texts), correct)
+            best, ever = np.maximum(best, cur.rewards), ever | cur.correct
+        out.update({f"r{r}_accuracy": float(np.mean(cur.correct)),
                     f"r{r}_reward_mean": float(np.mean(cur.rewards, dtype=np.float64)), f"r{r}_sent": len(sent) / m,
                     f"r{r}_improved": improved / m, f"r{r}_worse": worse / m, f"r{r}_tokens": tokens})
-    out.update({"best_accuracy": float(np.mean(solved(best))), "best_reward_mean": float(np.mean(best))})
+    out.update({"best_accuracy": float(np.mean(ever)), "best_reward_mean": float(np.mean(best))})
     return out

@@ -7,8 +7,11 @@ computed last, over whatever rows the step ended with (groups of any size, by se
 A row's reward is the task's built-in scorer's (reward.builtin) plus, for each reward.functions entry
 (rewards/functions.py), its weight times the sum of its components. What counts as solved (accuracy, pass@k,
 the evaluation's figures) is the built-in scorer's full marks, or with reward.correctness = a component's name,
-that component (unweighted) >= 1; a row where it is missing (its function failed) is unsolved. The explorers
-(E3's difficulty, RRL's solved states) still read full marks of the total reward.
+that component (unweighted) >= 1; a row where it is missing (its function failed) is unsolved. The explorers read
+the same: `score` hands each row's `correct` to them (E3's accuracy figures, RRL's solved prompts), and its
+`success`, the value `correct` is full marks of clipped to [0, 1], to what they average (E3's difficulty ranks,
+RRL's state values and priors); without reward functions that is the reward itself, so nothing changes. HeRL
+stays on the reward (explore/herl.py says why).
 """
 
 from __future__ import annotations
@@ -243,7 +246,18 @@ def score(pool: RewardPool, tok, cfg: Config, items: Sequence[TaskItem], plan: R
     training set), and for rubric tasks the items each row met."""
     texts = response_texts(tok, out)
     s = score_parts(pool, cfg, items, texts, plan.prompt, judge)
-    return ScoredRollouts(plan, out, s.rewards, tuple(texts), s.met, scores=s)
+    return ScoredRollouts(plan, out, s.rewards, tuple(texts), s.met, correct=s.correct,
+                          success=_success(cfg, s, len(pool.functions) > 0), scores=s)
+
+
+def _success(cfg: Config, s: Scores, functions: bool) -> np.ndarray:
+    """[N] float32 in [0, 1] whose full marks are `s.correct`: the reward itself without reward functions (the
+    built-in scorer's, partial credit included); with them the built-in scorer's reward, or the
+    reward.correctness component, clipped (the total's scale is the user's: bonuses, penalties)."""
+    if not functions:
+        return s.rewards
+    source = s.components.get(cfg.reward.correctness or BUILTIN)
+    return np.zeros(len(s.rewards), np.float32) if source is None else np.clip(source, 0.0, 1.0).astype(np.float32)
 
 
 def with_advantages(r: Rollouts, estimator: str) -> Rollouts:
@@ -260,13 +274,13 @@ def rollout_metrics(r: Rollouts) -> dict:
     explorer adds; replayed continuations (RRL) are reported apart as `replay_*`, with the share of their
     groups whose rewards are all equal (zero variance: no group-relative advantage, no gradient).
     Rubric tasks add `rubric_item_met`: the share of fresh rows meeting each rubric item, by position.
-    With reward functions, accuracy is the Scores' `correct`, and each component's mean over the fresh rows is
-    `reward/<name>`, beside `reward_fn_errors` (failed calls this scoring) and `reward_fn_last_error`.
+    Accuracy and the group figures count the rows' `correct` (the Scores'); with reward functions each
+    component's mean over the fresh rows is `reward/<name>`, beside `reward_fn_errors` (failed calls this
+    scoring) and `reward_fn_last_error`.
     Lengths, entropy and temperature cover every sampled row (what sampling cost)."""
     out, rewards = r.out, r.rewards
     fresh = ~r.plan.replayed & ~r.plan.hindsight
-    scores = getattr(r, "scores", None)
-    correct = solved(rewards) if scores is None else scores.correct
+    scores, correct = getattr(r, "scores", None), r.correct
     mask = out.response_mask
     metrics = {
         "reward_mean": float(rewards[fresh].mean()), "reward_std": float(rewards[fresh].std()),

@@ -36,7 +36,7 @@ import numpy as np
 from jaxrl_llm.config import Config
 from jaxrl_llm.explore.rows import Rollouts
 from jaxrl_llm.rewards.rubrics import rubric_items
-from jaxrl_llm.train.metrics import MetricsWriter, read_rows, replace_text, scalars, solved, stage_of
+from jaxrl_llm.train.metrics import MetricsWriter, read_rows, replace_text, scalars, stage_of
 
 SAMPLES_NAME = "samples.jsonl"
 WANDB_STATE_NAME = "wandb.json"
@@ -99,10 +99,10 @@ class Tracker(MetricsWriter):
 def sample_rows(step: int, rollouts: Rollouts, items: Sequence, count: int) -> list[dict]:
     """`count` of the step's rows, evenly spaced over them, as samples.jsonl rows. What is correct and the reward
     functions' components come from the rows' scoring (train/rollout.py Scores), as for the step's accuracy;
-    rows an explorer rebuilt no longer carry it and count full marks of their reward as solved."""
+    rows an explorer rebuilt carry their own `correct` (explore/rows.py)."""
     plan, n = rollouts.plan, rollouts.rows
     scores = getattr(rollouts, "scores", None)
-    correct = solved(rollouts.scored) if scores is None else scores.correct
+    correct = rollouts.correct if scores is None else scores.correct
     components = {} if scores is None else scores.components
     out = []
     for i in np.unique(np.linspace(0, n - 1, min(count, n)).round().astype(int)):
