@@ -69,3 +69,15 @@ def tiny_model():
 @pytest.fixture(scope="session")
 def tiny_sampler(tiny_model):
     return Sampler.for_model(tiny_model, pad_id=0, stop_ids=())
+
+
+# Modules whose tests share an expensive module-scoped run: with `pytest -n N --dist loadgroup` (tools/test.sh)
+# each goes to one worker whole, so the run is built once, not once per worker that gets some of its tests.
+SHARED_RUN_MODULES = {"test_trainer.py", "test_run_dir.py", "test_eval_export.py", "test_tracking.py",
+                      "test_memory_bench.py", "test_real_model.py", "test_explore_correctness.py"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.path.name in SHARED_RUN_MODULES:
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))

@@ -2,6 +2,7 @@
 (train/export.py) checked against transformers, and `prepare-model` on a local folder, a GGUF file and an
 offline Hub id (model/registry.py). One tiny trained run (tests/test_trainer.py's config) serves every test."""
 
+import functools
 import json
 import shutil
 from pathlib import Path
@@ -119,11 +120,16 @@ def test_eval_of_an_older_step_and_of_an_exported_folder(run, step2, exported, m
     assert summary["by_temperature"]["0.7"]["pass@3"] == pytest.approx(correct.any(axis=1).mean())
 
 
-def _our_logits(graphdef, params, ids):
+@functools.partial(jax.jit, static_argnums=0)
+def _forward(graphdef, params, ids):
+    """Logits [B, T, V] of our model, one compiled program (run eagerly, each op compiled on its own)."""
     model = nnx.merge(graphdef, params)
-    ids = jnp.asarray([ids])
     h, _ = model(ids, jnp.arange(ids.shape[1])[None])
-    return np.asarray(model.logits(h))[0]
+    return model.logits(h)
+
+
+def _our_logits(graphdef, params, ids):
+    return np.asarray(_forward(graphdef, params, jnp.asarray([ids])))[0]
 
 
 def test_export_loads_in_transformers_with_our_logits(run, exported):
@@ -176,9 +182,8 @@ def test_prepare_model_checks_a_folder_converts_a_gguf_and_names_an_offline_hub_
     from_gguf, _ = load_gguf(gguf)
     from_folder, _ = load_hf_folder(converted)
     for a, b in ((from_gguf, from_folder), (model, from_folder)):
-        pos = jnp.arange(4)[None]
-        np.testing.assert_allclose(np.asarray(a.logits(a(jnp.asarray(ids), pos)[0])),
-                                   np.asarray(b.logits(b(jnp.asarray(ids), pos)[0])), atol=1e-5)
+        np.testing.assert_allclose(np.asarray(_forward(*nnx.split(a), jnp.asarray(ids))),
+                                   np.asarray(_forward(*nnx.split(b), jnp.asarray(ids))), atol=1e-5)
 
     with pytest.raises(HubUnavailableError, match=r"cannot download 'nobody/no-such-model' from the Hugging Face Hub: "
                                                   r"offline \(HF_HUB_OFFLINE=1\); on a machine with network run "

@@ -4,6 +4,7 @@ the config history. Toy runs of 1-2 steps (tests/test_trainer.py's tiny config).
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -35,36 +36,51 @@ def _steps(folder: Path) -> list[int]:
     return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.is_dir() else []
 
 
-def test_resume_false_on_a_used_folder_is_refused_and_overwrite_moves_the_old_run_aside(tmp_path):
-    cfg = _tiny_cfg(tmp_path, "train.steps=2")
-    Run(cfg, log=lambda *a: None).train()
+@pytest.fixture(scope="module")
+def two_steps(tmp_path_factory):
+    """A 2-step run (checkpoints 0 and 2) trained once; each test works on a copy of its folder. Returns
+    `cfg(tmp_path, *overrides)`: the run's config (its data files, unchanged) with its folder in tmp_path, after
+    copying the trained folder there."""
+    base = tmp_path_factory.mktemp("two_steps")
+    Run(_tiny_cfg(base, "train.steps=2"), log=lambda *a: None).train()
+
+    def cfg(tmp_path, *extra):
+        if not (tmp_path / "run").exists():
+            shutil.copytree(base / "run", tmp_path / "run")
+        return _tiny_cfg(base, f"train.out_dir={tmp_path / 'run'}", *extra)
+
+    return cfg
+
+
+def test_resume_false_on_a_used_folder_is_refused_and_overwrite_moves_the_old_run_aside(tmp_path, two_steps):
+    cfg = two_steps(tmp_path, "train.steps=2")
     out = Path(cfg.train.out_dir)
     before = _files(out)
     with pytest.raises(RunFolderUsedError, match=rf"{out} holds a run \(checkpoints, config.yaml, .*metrics.jsonl.*"
                                                  r"train.overwrite=true to move the old run aside"):
-        Run(_tiny_cfg(tmp_path, "train.steps=1", "train.resume=false"), log=lambda *a: None)
+        Run(two_steps(tmp_path, "train.steps=1", "train.resume=false"), log=lambda *a: None)
     assert _files(out) == before  # refused before anything was written
 
     logs = []
-    Run(_tiny_cfg(tmp_path, "train.steps=1", "train.resume=false", "train.overwrite=true"), log=logs.append).train()
+    Run(two_steps(tmp_path, "train.steps=1", "train.resume=false", "train.overwrite=true"), log=logs.append).train()
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("run.overwritten-")]
     assert len(aside) == 1 and any(f"moved the run that was in {out} to {aside[0]}" in ln for ln in logs), logs
     moved = {k: v[:2] for k, v in _files(aside[0]).items()}
     assert moved == {k: v[:2] for k, v in before.items()}  # the old run, whole, nothing deleted
     assert sorted(_train_rows(out)) == [1] and _steps(out / "checkpoints") == [0, 1]
     assert sorted(_train_rows(aside[0])) == [1, 2]
-    old = Run(_tiny_cfg(tmp_path, "train.steps=2", f"train.out_dir={aside[0]}"), log=lambda *a: None)
+    old = Run(two_steps(tmp_path, "train.steps=2", f"train.out_dir={aside[0]}"), log=lambda *a: None)
     assert old.try_resume() and old.state.step == 2  # the old run is a run folder of its own
     assert old.save().endswith(f"already in {aside[0]}/checkpoints/2, kept as it was")  # a re-save writes nothing
     assert _steps(aside[0] / "checkpoints") == [0, 2]
 
 
-def test_a_second_writer_is_refused_naming_the_holder_and_eval_only_reads_a_live_run(tmp_path, capsys, monkeypatch):
+def test_a_second_writer_is_refused_naming_the_holder_and_eval_only_reads_a_live_run(tmp_path, capsys, monkeypatch,
+                                                                                      two_steps):
     monkeypatch.chdir(tmp_path)  # eval writes eval_out/ in the working directory
     from jaxrl_llm.cli import main
 
-    cfg = _tiny_cfg(tmp_path, "train.steps=2")
-    Run(cfg, log=lambda *a: None).train()
+    cfg = two_steps(tmp_path, "train.steps=2")
     out = Path(cfg.train.out_dir)
     _damage(out / "checkpoints" / "2")
     config = tmp_path / "run.yaml"
@@ -82,7 +98,7 @@ def test_a_second_writer_is_refused_naming_the_holder_and_eval_only_reads_a_live
             Run(cfg, log=lambda *a: None)
         before = _files(out, everything=True)
         capsys.readouterr()
-        assert main(["eval", "--config", str(config), "eval.size=2"]) == 0
+        assert main(["eval", "--config", str(config)]) == 0
         captured = capsys.readouterr()
         assert _files(out, everything=True) == before  # nothing moved, rewritten or added: not even the tokenizer
         assert '"step": 0' in captured.out  # the damaged newest was skipped, not moved

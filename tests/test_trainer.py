@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from conftest import CACHE_DIR
+
 from jaxrl_llm.config import ConfigError, load_config
 from jaxrl_llm.data.tasks import DataError, load_items
 from jaxrl_llm.train.checkpoint import CheckpointMismatchError
@@ -70,21 +72,32 @@ def test_config_errors_name_the_key():
             load_config(None, [bad])
 
 
-def test_reward_rises_on_a_toy_run(tmp_path):
-    cfg = _tiny_cfg(tmp_path, "train.steps=12")
-    Run(cfg, log=lambda *a: None).train()
+@pytest.fixture(scope="module")
+def toy_run(tmp_path_factory):
+    """One 12-step run shared by the tests of what a finished run holds: checkpoints every 2 steps, the final
+    policy exported, and a maintenance URL nothing answers (port 9), which must not stop or slow it.
+    Returns (its folder's parent, config, the Run after train(), its log lines)."""
+    tmp = tmp_path_factory.mktemp("toy")
+    cfg = _tiny_cfg(tmp, "train.steps=12", "train.export_final=true",
+                    "train.maintenance_url=http://127.0.0.1:9/nothing")
+    logs = []
+    run = Run(cfg, log=logs.append)
+    run.train()
+    return tmp, cfg, run, logs
+
+
+def test_reward_rises_on_a_toy_run(toy_run):
+    _, cfg, _, _ = toy_run
     rows = _train_rows(cfg.train.out_dir)
     first, last = rows[1]["reward_mean"], np.mean([rows[s]["reward_mean"] for s in (10, 11, 12)])
     assert first < 0.1 and last > 0.5, (first, last)
 
 
-def test_compilations_stay_flat_after_warmup_and_final_policy_exports(tmp_path):
-    cfg = _tiny_cfg(tmp_path, "train.steps=5", "train.export_final=true")
-    run = Run(cfg, log=lambda *a: None)
-    run.train()
+def test_compilations_stay_flat_after_warmup_and_final_policy_exports(toy_run):
+    _, cfg, run, _ = toy_run
     rows = [json.loads(ln) for ln in (Path(cfg.train.out_dir) / "metrics.jsonl").read_text().splitlines()]
     counts = [r["compilations"] for r in rows if r["kind"] == "train"]
-    assert counts[1:] == [counts[1]] * (len(counts) - 1), counts
+    assert len(counts) == 12 and counts[1:] == [counts[1]] * (len(counts) - 1), counts
     from jaxrl_llm.model.hf_io import load_hf_folder
     from jaxrl_llm.model.tokenizer import load_tokenizer
     final = Path(cfg.train.out_dir) / "final"
@@ -100,8 +113,11 @@ def _spawn_train(tmp_path, cfg):
     import yaml
     config = tmp_path / f"run-{time.monotonic_ns()}.yaml"
     config.write_text(yaml.safe_dump(cfg.to_dict()))
+    # the tests' compile cache (tests/conftest.py): programs this process compiled are not compiled again there
+    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": CACHE_DIR, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS":
+           str(jax.config.jax_persistent_cache_min_compile_time_secs)}
     return subprocess.Popen([sys.executable, "-m", "jaxrl_llm.cli", "train", "--config", str(config)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 
 def _wait_for_row(proc, metrics: Path, pattern: str, timeout: float = 240):
@@ -146,7 +162,7 @@ def _metadata_server(value: list, seen: list):
     return serve(respond)
 
 
-def test_a_maintenance_event_saves_and_stops_like_sigterm(tmp_path):
+def test_a_maintenance_event_saves_and_stops_like_sigterm(tmp_path, toy_run):
     """train.maintenance_url: NONE lets the run go on; once the server announces host maintenance, the run
     saves after its current step and stops (exit 75 from the CLI), saying why; resume continues from there.
     An unreachable URL is reported and never stops a run; "auto" watches GCE's metadata server on TPU only."""
@@ -179,30 +195,38 @@ def test_a_maintenance_event_saves_and_stops_like_sigterm(tmp_path):
     again = Run(cfg, log=lambda *a: None)
     assert again.try_resume() and again.state.step == last
 
-    logs = []
-    Run(_tiny_cfg(tmp_path / "b", "train.steps=2", "train.maintenance_url=http://127.0.0.1:9/nothing"),
-        log=logs.append).train()
+    # the shared toy run watched a URL nothing answers: said so, and ran to its last step
+    _, toy, _, logs = toy_run
     assert any("maintenance events: cannot read http://127.0.0.1:9/nothing" in ln for ln in logs), logs
-    assert json.loads((tmp_path / "b" / "run" / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 2
+    assert json.loads((Path(toy.train.out_dir) / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 12
 
 
-def test_sigterm_during_sft_saves_sft_progress_and_resume_does_not_redo_it(tmp_path):
-    """A signal in the SFT warm start leaves a checkpoint of the SFT step reached; the resumed run
-    continues from that step (no second pre-SFT evaluation, no SFT step repeated) and goes on to RL."""
-    cfg = _tiny_cfg(tmp_path, "sft.steps=100000", "sft.batch_size=16", "train.steps=2")
-    metrics = Path(cfg.train.out_dir) / "metrics.jsonl"
-    out = _sigterm_after_row(tmp_path, cfg, '"kind": "sft"')
+@pytest.fixture(scope="module")
+def sft_stopped(tmp_path_factory):
+    """SFT warm start (kl_coef > 0) in a subprocess, SIGTERM-ed once it wrote an SFT row, then resumed here for 10
+    more SFT steps and 2 RL steps. Returns (folder's parent, the SFT step it saved, the resumed Run, its log
+    lines, its parameters before train(): the scratch model's random initialisation)."""
+    tmp = tmp_path_factory.mktemp("sft")
+    extras = ("sft.batch_size=16", "algo.kl_coef=0.1", "train.steps=2")
+    out = _sigterm_after_row(tmp, _tiny_cfg(tmp, "sft.steps=100000", *extras), '"kind": "sft"')
     found = re.search(r"stopped by signal \(SIGTERM\); saved SFT step (\d+)/100000 \(policy and SFT optimizer state\)", out)
     assert found, out[-2000:]
     reached = int(found.group(1))
-    assert reached >= 10 and (Path(cfg.train.out_dir) / "sft_checkpoints" / str(reached)).is_dir()
     logs = []
-    more = _tiny_cfg(tmp_path, f"sft.steps={reached + 10}", "sft.batch_size=16", "train.steps=2")
-    run = Run(more, log=logs.append)
+    run = Run(_tiny_cfg(tmp, f"sft.steps={reached + 10}", *extras), log=logs.append)
+    initial = jax.device_get(nnx.to_pure_dict(run.state.params))
     run.train()
-    assert any(f"resumed from {tmp_path / 'run' / 'sft_checkpoints'}/{reached} (SFT step {reached}/" in ln
+    return tmp, reached, run, logs, initial
+
+
+def test_sigterm_during_sft_saves_sft_progress_and_resume_does_not_redo_it(sft_stopped):
+    """A signal in the SFT warm start leaves a checkpoint of the SFT step reached; the resumed run
+    continues from that step (no second pre-SFT evaluation, no SFT step repeated) and goes on to RL."""
+    tmp, reached, run, logs, _ = sft_stopped
+    assert reached >= 10 and (tmp / "run" / "sft_checkpoints" / str(reached)).is_dir()
+    assert any(f"resumed from {tmp / 'run' / 'sft_checkpoints'}/{reached} (SFT step {reached}/" in ln
                for ln in logs), logs
-    rows = [json.loads(ln) for ln in metrics.read_text().splitlines()]
+    rows = [json.loads(ln) for ln in (tmp / "run" / "metrics.jsonl").read_text().splitlines()]
     kinds = [r["kind"] for r in rows]
     assert kinds.count("eval_before_sft") == 1 and kinds.count("train") == 2
     sft_steps = [r["step"] for r in rows if r["kind"] == "sft"]
@@ -211,17 +235,14 @@ def test_sigterm_during_sft_saves_sft_progress_and_resume_does_not_redo_it(tmp_p
     assert run.state.sft_step == reached + 10 and run.state.stage == "rl" and run.state.step == 2
 
 
-def test_kl_reference_is_the_policy_at_the_start_of_rl(tmp_path):
+def test_kl_reference_is_the_policy_at_the_start_of_rl(sft_stopped):
     """With an SFT warm start and kl_coef > 0, the first update's KL is that of the policy to itself:
     the reference is taken after SFT, not at build time (a random model for `scratch`)."""
-    cfg = _tiny_cfg(tmp_path, "sft.steps=20", "sft.batch_size=16", "algo.kl_coef=0.1", "train.steps=1")
-    run = Run(cfg, log=lambda *a: None)
-    initial = jax.device_get(nnx.to_pure_dict(run.state.params))
-    run.train()
+    tmp, _, run, _, initial = sft_stopped
     moved = max(float(np.abs(a - b).max()) for a, b in
                 zip(jax.tree.leaves(initial), jax.tree.leaves(jax.device_get(nnx.to_pure_dict(run.state.ref_params)))))
     assert moved > 1e-2  # the reference is the SFT-ed policy, not the random initialisation
-    assert _train_rows(cfg.train.out_dir)[1]["kl"] < 1e-6
+    assert _train_rows(tmp / "run")[1]["kl"] < 1e-6
 
 
 def _compare_runs(whole_dir, other_dir, steps, ref_params, params, *, stopped_by_config=False):
@@ -306,9 +327,9 @@ def test_damaged_newest_checkpoint_falls_back_to_an_intact_one(tmp_path):
         Run(_tiny_cfg(tmp_path, "train.steps=8"), log=lambda *a: None).try_resume()
 
 
-def test_sampler_uses_the_models_context_length(tmp_path):
+def test_sampler_uses_the_models_context_length(toy_run):
     from jaxrl_llm.sampling.sampler import PromptTooLongError
-    run = Run(_tiny_cfg(tmp_path, "train.steps=1"), log=lambda *a: None)
+    run = toy_run[2]
     assert run.sampler.max_cache_len == 96  # model.scratch.max_position_embeddings
     with pytest.raises(PromptTooLongError, match="cache of 96"):
         run.sampler(run.state.params, [[5] * 96], max_new_tokens=4)
@@ -316,46 +337,44 @@ def test_sampler_uses_the_models_context_length(tmp_path):
 
 def test_bf16_sampling_follows_the_trainers_numbers(tmp_path):
     """bf16 compute: the sampler samples with the weights in the compute dtype, so the first update's
-    ratio is ~1; with recompute_old_logp the old log-probs are the trainer's own."""
-    def first_row(*extra):
-        cfg = _tiny_cfg(tmp_path / str(len(extra)), "train.steps=1", "model.compute_dtype=bfloat16",
-                        "algo.micro_batch=64", *extra)
-        Run(cfg, log=lambda *a: None).train()
-        return _train_rows(cfg.train.out_dir)[1]
-
-    sampled = first_row()
-    # sampling with the float32 master weights instead gives 2.5e-4 here
-    assert sampled["logp_gap_sampler_trainer"] < 2e-5, sampled["logp_gap_sampler_trainer"]
-    recomputed = first_row("algo.recompute_old_logp=true")
-    assert recomputed["logp_gap_sampler_trainer"] < 1e-6
-    assert recomputed["logp_gap_sampler_recomputed"] < 2e-5
-    assert recomputed["clip_low"] == 0 and recomputed["clip_high"] == 0
+    ratio is ~1; with recompute_old_logp the old log-probs are the trainer's own. One run with
+    recompute_old_logp measures both gaps: sampler -> recomputed (the trainer's forward outside the update)
+    and recomputed -> the update's own forward, whose sum bounds the sampler -> update gap."""
+    cfg = _tiny_cfg(tmp_path, "train.steps=1", "model.compute_dtype=bfloat16", "algo.micro_batch=64",
+                    "algo.recompute_old_logp=true")
+    Run(cfg, log=lambda *a: None).train()
+    row = _train_rows(cfg.train.out_dir)[1]
+    assert row["logp_gap_sampler_trainer"] < 1e-6
+    assert row["logp_gap_sampler_recomputed"] < 2e-5
+    # sampling with the float32 master weights instead gives 2.5e-4 here (sampler -> update, without recompute)
+    assert row["logp_gap_sampler_recomputed"] + row["logp_gap_sampler_trainer"] < 2e-5, row
+    assert row["clip_low"] == 0 and row["clip_high"] == 0
 
 
-def test_eval_leaves_the_recorded_config_and_a_finished_run_says_so(tmp_path, capsys, monkeypatch):
+def test_eval_leaves_the_recorded_config_and_a_finished_run_says_so(toy_run, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)  # eval writes eval_out/ in the working directory
     import yaml
     from jaxrl_llm.cli import main
-    cfg = _tiny_cfg(tmp_path, "train.steps=2", "train.export_final=true")
-    Run(cfg).train()
+    _, cfg, _, _ = toy_run
     recorded = (Path(cfg.train.out_dir) / "config.yaml").read_text()
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(cfg.to_dict()))
-    assert main(["eval", "--config", str(config), "eval.size=4"]) == 0
+    capsys.readouterr()
+    # an override the recorded config does not have (one that keeps the run's shapes: nothing new to compile)
+    assert main(["eval", "--config", str(config), "eval.every=7"]) == 0
     assert (Path(cfg.train.out_dir) / "config.yaml").read_text() == recorded
-    assert '"step": 2' in capsys.readouterr().out
+    assert '"step": 12' in capsys.readouterr().out
     final = Path(cfg.train.out_dir) / "final" / "model.safetensors"
     stamp = final.stat().st_mtime_ns
     logs = []
     Run(cfg, log=logs.append).train()
-    assert any("is complete: 2 of train.steps=2 RL steps done; final policy in" in ln for ln in logs), logs
+    assert any("is complete: 12 of train.steps=12 RL steps done; final policy in" in ln for ln in logs), logs
     assert final.stat().st_mtime_ns == stamp  # not exported again
 
 
-def test_checkpoint_of_another_model_shape_is_refused(tmp_path):
-    cfg = _tiny_cfg(tmp_path, "train.steps=2")
-    Run(cfg, log=lambda *a: None).train()
-    other = _tiny_cfg(tmp_path, "train.steps=4", "model.scratch.num_layers=2")
+def test_checkpoint_of_another_model_shape_is_refused(toy_run):
+    tmp, *_ = toy_run
+    other = _tiny_cfg(tmp, "train.steps=14", "model.scratch.num_layers=2")
     with pytest.raises(CheckpointMismatchError, match=r"written for model .*'num_layers': 1.*'num_layers': 2"):
         Run(other, log=lambda *a: None).train()
 

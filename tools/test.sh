@@ -6,4 +6,4 @@ cd "$(dirname "$0")/.."
 bash tools/setup.sh test
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 .venv/bin/jaxrl-llm prepare-model smollm2-135m-instruct
-exec .venv/bin/python -m pytest -n "${PYTEST_WORKERS:-2}" "$@"
+exec .venv/bin/python -m pytest -n "${PYTEST_WORKERS:-2}" --dist loadgroup "$@"
