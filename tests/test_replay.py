@@ -18,6 +18,9 @@ C, T, K, KS, P = 16, 6, 6, 4, 5  # capacity, prefix tokens, insert batch, sample
 FIELDS = ("tokens", "length", "prompt", "value_sum", "visits", "prior", "inserted_at", "version", "demoted",
           "fingerprint", "inserts", "evictions", "drops")
 OPS = replay.jitted()
+# the oracle-side calls jitted too: every eager op on a new shape compiles a program of its own
+PRIORITY = jax.jit(replay.priority, static_argnames="rule")
+SCORE = jax.jit(replay.score, static_argnames="rule")
 
 
 def snapshot(state):
@@ -242,7 +245,7 @@ def test_insert_more_candidates_than_capacity():
     rng = np.random.RandomState(5)
     for step in range(6):
         args = random_candidates(rng, snapshot(state)) + (step, 0, 0.5)
-        state, out = replay.insert(state, *args)
+        state, out = OPS.insert(state, *args)
         assert {k: int(v) for k, v in out.items()} == ref.insert(*args)
         ref.check(snapshot(state))
 
@@ -251,13 +254,13 @@ def test_priority_after_updates_equals_formula():
     state = replay.empty(C, T)
     tokens = np.tile(np.arange(1, T + 1, dtype=np.int32), (K, 1))
     prior = np.array([1.0, 0.75, 0.5, 0.25, 0.125, 0.0], np.float32)  # decreasing: candidate j -> slot j
-    state, _ = replay.insert(state, tokens, np.arange(1, K + 1), np.zeros(K, np.int32), prior, np.ones(K, bool),
+    state, _ = OPS.insert(state, tokens, np.arange(1, K + 1), np.zeros(K, np.int32), prior, np.ones(K, bool),
                              0, 0, 0.0)
     idx = np.array([0, 1, 1, 3, 7, 2], np.int32)  # slot 1 twice, slot 7 empty
     reward = np.array([1.0, 0.5, 1.5, 0.0, 1.0, 2.0], np.float32)
     count = np.array([2.0, 1.0, 3.0, 4.0, 1.0, 2.0], np.float32)
     valid = np.array([1, 1, 1, 1, 1, 0], bool)
-    state = replay.update_values(state, idx, reward, count, valid)
+    state = OPS.update_values(state, idx, reward, count, valid)
     value_sum = np.array([1.0, 2.0, 0.0, 0.0, 0.0, 0.0])
     visits = np.array([2.0, 4.0, 0.0, 4.0, 0.0, 0.0])
     np.testing.assert_array_equal(np.asarray(state.value_sum)[:K], value_sum)
@@ -266,10 +269,10 @@ def test_priority_after_updates_equals_formula():
     for c_ucb in (0.0, 0.7):
         n = visits.sum()
         want = (prior + value_sum) / (1 + visits) + c_ucb * np.sqrt(np.log(n) / (1 + visits)) - np.eye(K)[4]
-        got = np.asarray(replay.priority(state, c_ucb))
+        got = np.asarray(PRIORITY(state, c_ucb))
         np.testing.assert_allclose(got[:K], want, rtol=1e-6, atol=1e-7)
         assert np.all(got[K:] == -np.inf)
-    assert np.asarray(replay.priority(replay.empty(4, T), 1.0)).tolist() == [-np.inf] * 4
+    assert np.asarray(PRIORITY(replay.empty(4, T), 1.0)).tolist() == [-np.inf] * 4
 
 
 def built(states):
@@ -278,10 +281,10 @@ def built(states):
     tokens = np.zeros((n, T), np.int32)
     for j, (_, toks, _, _) in enumerate(states):
         tokens[j, :len(toks)] = toks
-    state, out = replay.insert(replay.empty(C, T), tokens, np.array([len(s[1]) for s in states]),
+    state, out = OPS.insert(replay.empty(C, T), tokens, np.array([len(s[1]) for s in states]),
                                np.array([s[0] for s in states]), np.zeros(n, np.float32), np.ones(n, bool), 0, 0, 0.0)
     assert int(out["inserted"]) == n
-    return replay.update_values(state, np.arange(n), np.array([s[2] for s in states], np.float32),
+    return OPS.update_values(state, np.arange(n), np.array([s[2] for s in states], np.float32),
                                 np.array([s[3] for s in states], np.float32), np.ones(n, bool))
 
 
@@ -317,11 +320,11 @@ def test_backtrack_hand_built(idx, valid, min_visits, margin, want):
 
 def test_backtrack_is_sticky_and_penalised():
     state = built(BACKTRACK_CASE)
-    before = np.asarray(replay.priority(state, 0.5))
+    before = np.asarray(PRIORITY(state, 0.5))
     state, _ = OPS.backtrack(state, np.arange(8, dtype=np.int32), np.ones(8, bool), 1.0, 0.0)
-    after = np.asarray(replay.priority(state, 0.5))
+    after = np.asarray(PRIORITY(state, 0.5))
     np.testing.assert_allclose(before[:8] - after[:8], [0, 1, 0, 0, 1, 0, 0, 1], atol=1e-6)
-    state = replay.update_values(state, np.array([1], np.int32), np.array([40.0], np.float32),
+    state = OPS.update_values(state, np.array([1], np.int32), np.array([40.0], np.float32),
                                  np.array([40.0], np.float32), np.ones(1, bool))  # slot 1 now beats [1, 2]
     state, out = OPS.backtrack(state, np.arange(8, dtype=np.int32), np.ones(8, bool), 1.0, 0.0)
     assert np.flatnonzero(np.asarray(state.demoted)).tolist() == [1, 4, 7] and int(out["demoted"]) == 0
@@ -331,8 +334,8 @@ def test_drop_prompts_empties_exactly_those_slots():
     rng = np.random.RandomState(3)
     state = replay.empty(C, T)
     for step in range(4):
-        state, _ = replay.insert(state, *random_candidates(rng, snapshot(state)), step, 1, 0.5)
-    state = replay.update_values(state, np.arange(C, dtype=np.int32), np.ones(C, np.float32),
+        state, _ = OPS.insert(state, *random_candidates(rng, snapshot(state)), step, 1, 0.5)
+    state = OPS.update_values(state, np.arange(C, dtype=np.int32), np.ones(C, np.float32),
                                  np.full(C, 2.0, np.float32), np.ones(C, bool))
     before = snapshot(state)
     solved = np.array([False, True, False, True, False])
@@ -349,15 +352,15 @@ def sampling_state():
     """Slots 0, 1, 3, 5, 6 of eight occupied, priors .9 .7 .5 .3 .2 (candidates fill empty slots in
     decreasing prior; then three prompts are solved)."""
     prior = np.array([0.1, 0.9, 0.5, 0.3, 0.7, 0.2, 0.4, 0.6], np.float32)
-    state, _ = replay.insert(replay.empty(8, T), np.ones((8, T), np.int32), np.full(8, 2), np.arange(8), prior,
+    state, _ = OPS.insert(replay.empty(8, T), np.ones((8, T), np.int32), np.full(8, 2), np.arange(8), prior,
                              np.ones(8, bool), 0, 0, 0.0)
-    return replay.drop_prompts(state, np.isin(np.arange(8), [0, 6, 7]))
+    return OPS.drop_prompts(state, np.isin(np.arange(8), [0, 6, 7]))
 
 
 def test_gumbel_sampling_is_plackett_luce():
     state = sampling_state()
     c_ucb, tau, draws = 0.0, 0.25, 40000
-    p = np.asarray(replay.priority(state, c_ucb)).astype(np.float64)
+    p = np.asarray(PRIORITY(state, c_ucb)).astype(np.float64)
     occupied = np.flatnonzero(np.isfinite(p))
     w = np.exp(p[occupied] / tau)
     w /= w.sum()
@@ -428,10 +431,10 @@ def test_drop_older_and_age_penalty():
     prior = np.array([0.9, 0.8, 0.7, 0.6], np.float32)
     state = replay.empty(8, T)
     for version, rows in ((1, [0, 1]), (5, [2, 3])):  # states 0, 1 from version 1; 2, 3 from version 5
-        state, _ = replay.insert(state, np.full((2, T), 1 + version, np.int32), np.array([1, 2]), np.array(rows),
+        state, _ = OPS.insert(state, np.full((2, T), 1 + version, np.int32), np.array([1, 2]), np.array(rows),
                                  prior[rows], np.ones(2, bool), version, version, 0.0)
     before = snapshot(state)
-    greedy = lambda s, **kw: np.asarray(replay.sample(s, jax.random.key(0), 4, 0.0, 0.0, **kw)[0])  # noqa: E731
+    greedy = lambda s, **kw: np.asarray(OPS.sample(s, jax.random.key(0), 4, 0.0, 0.0, **kw)[0])  # noqa: E731
     order = lambda idx: before["prompt"][idx].tolist()  # noqa: E731
     assert order(greedy(state)) == [0, 1, 2, 3]  # by prior
     # at version 5, states of version 1 are 4 steps old: 0.9 - 0.06 x 4 = 0.66, 0.8 -> 0.56; 0.7 and 0.6 stay
@@ -447,11 +450,12 @@ def test_drop_older_and_age_penalty():
 def test_replay_bench_measures_every_operation():
     from jaxrl_llm.bench.replay_bench import OPS as BENCH_OPS, full_state, measure
 
-    s = full_state(64, 8, 10)
+    # this file's shapes: the bench's jits of the replay functions share the programs compiled above
+    s = full_state(C, T, P)
     assert (np.asarray(s.length) > 0).all()
     np.testing.assert_array_equal(np.asarray(s.fingerprint), np.asarray(
-        replay._fingerprint(s.tokens, s.length, s.prompt)))
-    row = measure(64, 8, 16, 4, 10, repeats=1)
+        jax.jit(replay._fingerprint)(s.tokens, s.length, s.prompt)))
+    row = measure(C, T, K, KS, P, repeats=1)
     assert all(row[op] > 0 for op in BENCH_OPS)
 
 
@@ -463,12 +467,12 @@ def test_uncertainty_rule_prefers_states_whose_continuations_differ():
     from one observation); a partial-credit prior of 1/2 scores highest."""
     state = replay.empty(4, T)
     tokens = np.tile(np.arange(1, T + 1, dtype=np.int32), (3, 1))
-    state, _ = replay.insert(state, tokens, np.array([1, 2, 3]), np.zeros(3, np.int32), np.ones(3, np.float32),
+    state, _ = OPS.insert(state, tokens, np.array([1, 2, 3]), np.zeros(3, np.int32), np.ones(3, np.float32),
                              np.ones(3, bool), 0, 0, 0.0)
-    state = replay.update_values(state, np.array([0, 1, 2], np.int32), np.array([8.0, 4.0, 0.0], np.float32),
+    state = OPS.update_values(state, np.array([0, 1, 2], np.int32), np.array([8.0, 4.0, 0.0], np.float32),
                                  np.full(3, 8.0, np.float32), np.ones(3, bool))
-    greedy = {rule: np.asarray(replay.sample(state, jax.random.key(0), 3, 0.0, 0.0, rule=rule)[0]).tolist()
+    greedy = {rule: np.asarray(OPS.sample(state, jax.random.key(0), 3, 0.0, 0.0, rule=rule)[0]).tolist()
               for rule in replay.RULES}
     assert greedy["uncertainty"][0] == 1 and greedy["value"][0] == 0
-    fresh = np.asarray(replay.score(np.array([0.0, 1.0, 0.5]), 0.0, 0.0, "uncertainty"))
+    fresh = np.asarray(SCORE(np.array([0.0, 1.0, 0.5]), 0.0, 0.0, "uncertainty"))
     np.testing.assert_allclose(fresh, [0.75, 0.75, 1.0], rtol=0, atol=1e-7)

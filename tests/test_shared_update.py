@@ -104,21 +104,27 @@ def test_shared_logprobs_and_gradients_equal_the_rows_layout(name):
         lp = jax.vmap(lambda mb: shared_logp(m, mb, chunk=4))(jax.tree.map(jnp.asarray, shared))
         return lp
 
-    # jitted: op-by-op dispatch of a transformer's forward and backward is what made this test slow
-    (_, ref_lp), ref_grad = jax.jit(jax.value_and_grad(rows_objective, has_aux=True))(params)
-    ref_lp = np.pad(np.asarray(ref_lp), ((0, 0), (1, 0)))
-    got_lp = _scatter_back(shared, np.asarray(jax.jit(shared_objective)(params)), rows)
-    full_mask = rows.loss_mask & rows.valid[:, None]
-    assert full_mask.sum() > 60
-    np.testing.assert_allclose(got_lp[full_mask], ref_lp[full_mask], atol=1e-5, rtol=0)
-
     w_full = np.pad(weights, ((0, 0), (1, 0)))
     w_shared = np.zeros(shared.tokens.shape, np.float32)  # the same weights, in the shared layout
     probe = _scatter_back(shared, np.arange(w_shared.size, dtype=np.float32).reshape(w_shared.shape) + 1, rows)
     flat = w_shared.reshape(-1)
     for i, j in zip(*np.nonzero(probe)):
         flat[int(probe[i, j]) - 1] = w_full[i, j]
-    got_grad = jax.jit(jax.grad(lambda p: jnp.sum(shared_objective(p) * w_shared)))(params)
+
+    def weighted_shared(p):
+        lp = shared_objective(p)
+        return jnp.sum(lp * w_shared), lp
+
+    # jitted: op-by-op dispatch of a transformer's forward and backward is what made this test slow; one
+    # program per layout gives both the log-probs and the gradient
+    (_, ref_lp), ref_grad = jax.jit(jax.value_and_grad(rows_objective, has_aux=True))(params)
+    (_, shared_lp), got_grad = jax.jit(jax.value_and_grad(weighted_shared, has_aux=True))(params)
+    ref_lp = np.pad(np.asarray(ref_lp), ((0, 0), (1, 0)))
+    got_lp = _scatter_back(shared, np.asarray(shared_lp), rows)
+    full_mask = rows.loss_mask & rows.valid[:, None]
+    assert full_mask.sum() > 60
+    np.testing.assert_allclose(got_lp[full_mask], ref_lp[full_mask], atol=1e-5, rtol=0)
+
     leaves = list(zip(jax.tree.leaves(ref_grad), jax.tree.leaves(got_grad)))
     assert max(float(jnp.abs(a).max()) for a, _ in leaves) > 1e-2
     for a, b in leaves:
@@ -140,6 +146,9 @@ def _update(model, layout, rows, mesh, micro_rows=4, steps=1):
     return jax.device_get(nnx.to_pure_dict(params)), jax.device_get(metrics)
 
 
+_ROWS_UPDATE = {}
+
+
 @pytest.mark.parametrize("mesh_shape", [{"data": 1}, {"data": 2, "fsdp": 2, "tensor": 2}, {"data": 4, "fsdp": 2}])
 def test_shared_update_equals_the_rows_update(mesh_shape):
     """One clipped policy-gradient step: same loss, clip fractions, log-prob gap and parameters, on one
@@ -148,8 +157,9 @@ def test_shared_update_equals_the_rows_update(mesh_shape):
         pytest.skip("needs 8 fake devices")
     model = sharp_model(MODELS["qwen2-bias"])
     rows = make_rows(seed=2)
-    one = make_mesh({"data": 1}, devices=jax.devices()[:1])
-    ref_params, ref = _update(model, "rows", rows, one)
+    if "rows" not in _ROWS_UPDATE:  # the same oracle for every mesh
+        _ROWS_UPDATE["rows"] = _update(model, "rows", rows, make_mesh({"data": 1}, devices=jax.devices()[:1]))
+    ref_params, ref = _ROWS_UPDATE["rows"]
     mesh = make_mesh(mesh_shape, devices=jax.devices()[:int(np.prod(list(mesh_shape.values())))])
     params, got = _update(model, "shared", rows, mesh)
     for k in ("loss", "grad_norm", "clip_low", "clip_high", "logp_gap", "update_tokens"):
