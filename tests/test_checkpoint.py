@@ -221,3 +221,38 @@ def test_a_damaged_checkpoint_costs_one_line_of_output(tmp_path):
     assert lines[0].startswith(f"checkpoint {tmp_path / 'checkpoints'}/2 is damaged: arrays unreadable (ValueError: ")
     assert lines[1] == "restored 1 4.0"
 
+
+
+def test_only_the_reports_of_reads_left_behind_by_a_failed_restore_are_dropped(monkeypatch, caplog):
+    """The two kinds of report orbax's abandoned reads make ('Event loop is closed' through sys.unraisablehook;
+    asyncio's 'Future exception was never retrieved' for a failed tensorstore read) are dropped, deterministically;
+    any other unraisable error and any other asyncio error still reach the user."""
+    import logging
+    import sys
+    import types
+
+    from jaxrl_llm.train.checkpoint import _quiet_closed_loop_reports
+
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", seen.append)
+    _quiet_closed_loop_reports()
+
+    def unraisable(e):
+        return types.SimpleNamespace(exc_type=type(e), exc_value=e, exc_traceback=None, err_msg=None, object=None)
+
+    closed, other = unraisable(RuntimeError("Event loop is closed")), unraisable(RuntimeError("disk on fire"))
+    sys.unraisablehook(closed)
+    sys.unraisablehook(other)
+    assert seen == [other]
+
+    def report(msg, exc):
+        try:
+            raise exc
+        except type(exc):
+            logging.getLogger("asyncio").error(msg, exc_info=True)
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        report("Future exception was never retrieved", ValueError("NOT_FOUND: ... tensorstore_spec {...}"))
+        report("Future exception was never retrieved", ValueError("a user's own future"))
+        report("Task was destroyed but it is pending!", ValueError("tensorstore_spec"))
+    assert [r.exc_info[1].args[0] for r in caplog.records] == ["a user's own future", "tensorstore_spec"]
