@@ -43,7 +43,7 @@ from jaxrl_llm.rewards.pool import RewardPool
 from jaxrl_llm.rewards.rubrics import rubric_items
 from jaxrl_llm.rl.forward import cast_floats
 from jaxrl_llm.sampling.sampler import Sampler
-from jaxrl_llm.train.evaluate import EVAL_KS, _Rounds, sample_graded
+from jaxrl_llm.train.evaluate import EVAL_KS, Rounds, sample_graded
 from jaxrl_llm.train.loop import PHASE_EVAL
 from jaxrl_llm.train.metrics import pass_at_k, replace_text
 from jaxrl_llm.train.policy import encode_items
@@ -142,7 +142,7 @@ def run_eval(cfg: Config, loaded: Loaded, mesh, out: Path, temperatures=None, pa
     r = cfg.reward
     with RewardPool(r.workers, r.timeout_s, scorers={it.scorer for it, _ in items}, memory_mb=r.memory_mb,
                     file_mb=r.file_mb, start_retries=r.start_retries, functions=r.functions) as pool:
-        rounds = _Rounds.of(sampler, params, pool, tok, cfg, items, judge)
+        rounds = Rounds.of(sampler, params, pool, tok, cfg, items, judge)
         for i, t in enumerate(temperatures):
             k, phase = (1 if t == 0.0 else samples), _phase(cfg, t, i)
             row_item = np.repeat(np.arange(n), k)

@@ -79,7 +79,7 @@ def evaluate(sampler, params, pool, tok, cfg: Config, items, key: jax.Array, jud
         return {}
     t0 = time.perf_counter()
     n = len(items)
-    rounds = _Rounds.of(sampler, params, pool, tok, cfg, items, judge)
+    rounds = Rounds.of(sampler, params, pool, tok, cfg, items, judge)
     parts: list = []  # accuracy is what the Scores call solved (the built-in scorer's, or reward.correctness)
     greedy, greedy_met, greedy_len, greedy_texts = sample_graded(sampler, params, pool, tok, cfg, items, np.arange(n),
                                                                  0.0, jax.random.fold_in(key, 0), judge, scores=parts)
@@ -142,12 +142,12 @@ def _sampled_figures(sampler, params, pool, tok, cfg, items, temperature, key, p
     return out, sampled_len, round_tokens
 
 
-class _Rounds:
+class Rounds:
     """Revise rounds of one evaluation's answers (revise_eval.py), sampled by the evaluation's sampler in
     calls of one shape: the rollout batch's rows and the items' revise-prompt context floor."""
 
     @classmethod
-    def of(cls, sampler, params, pool, tok, cfg, items, judge) -> "_Rounds | None":
+    def of(cls, sampler, params, pool, tok, cfg, items, judge) -> "Rounds | None":
         """None when eval.revise_rounds is 0 or no item has a rubric (nothing would be sent back)."""
         prompts = eval_prompts(cfg, [it for it, _ in items], lambda text: encode_text(tok, cfg, text))
         return None if prompts is None else cls(sampler, params, pool, tok, cfg, items, judge, prompts)
