@@ -15,13 +15,12 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 from pathlib import Path
 from typing import Callable
 
 from jaxrl_llm.data.task_files import DataError
+from jaxrl_llm.rewards.functions import import_module_or_file
 from jaxrl_llm.rewards.verifiers import extract_answer
 
 FIELDS = ("question", "answer", "scorer", "reference", "difficulty", "rubric", "messages")
@@ -45,18 +44,10 @@ def load_hook(spec: str) -> Callable[[dict], dict | None] | None:
     target, sep, name = spec.rpartition(":")
     if not (sep and target and name):
         raise DataError(f"data.preprocess={spec!r}: write it as module:function or file.py:function")
+    if target.endswith(".py") and not Path(target).is_file():
+        raise DataError(f"data.preprocess={spec!r}: {target}: no such file")
     try:
-        if target.endswith(".py"):
-            path = Path(target)
-            if not path.is_file():
-                raise DataError(f"data.preprocess={spec!r}: {target}: no such file")
-            module_spec = importlib.util.spec_from_file_location(f"jaxrl_llm_preprocess_{path.stem}", path)
-            module = importlib.util.module_from_spec(module_spec)
-            module_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(target)
-    except DataError:
-        raise
+        module = import_module_or_file(target, is_file=target.endswith(".py"))
     except Exception as e:  # ModuleNotFoundError, or whatever the module raises while it is imported
         raise DataError(f"data.preprocess={spec!r}: cannot import {target!r}: {type(e).__name__}: {e}") from None
     fn = getattr(module, name, None)

@@ -96,31 +96,38 @@ def parse(entries: Sequence) -> tuple[RewardFn, ...]:
     return tuple(out)
 
 
+def import_module_or_file(place: str, *, is_file: bool, root: str = ""):
+    """The module named `place`, or the Python file at `place` (one module per file, named after its path, so two
+    files called rewards.py do not collide; its folder goes on the path, after everything else, so it can import
+    its neighbours), imported in this process. `root`: a folder searched for modules after the Python path.
+    FileNotFoundError for a missing file; whatever the import itself raises."""
+    if not is_file:
+        if root and root not in sys.path:
+            sys.path.append(root)
+        return importlib.import_module(place)
+    if not os.path.isfile(place):
+        raise FileNotFoundError(f"no such file {place}")
+    name = f"_jaxrl_user_{hashlib.blake2b(os.path.abspath(place).encode(), digest_size=6).hexdigest()}"
+    module = sys.modules.get(name)
+    if module is None:
+        folder = os.path.dirname(os.path.abspath(place))
+        if folder not in sys.path:
+            sys.path.append(folder)
+        spec = importlib.util.spec_from_file_location(name, place)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+    return module
+
+
 def import_callable(fn: RewardFn) -> Callable:
     """The function `fn` names, imported in this process; ValueError naming the entry when it cannot be."""
     try:
-        if fn.path:
-            if not os.path.isfile(fn.path):
-                raise FileNotFoundError(f"no such file {fn.path}")
-            # one module per file, named after its path, so two files called rewards.py do not collide
-            name = f"_jaxrl_reward_{hashlib.blake2b(fn.path.encode(), digest_size=6).hexdigest()}"
-            module = sys.modules.get(name)
-            if module is None:
-                folder = os.path.dirname(fn.path)
-                if folder not in sys.path:
-                    sys.path.append(folder)
-                spec = importlib.util.spec_from_file_location(name, fn.path)
-                module = importlib.util.module_from_spec(spec)
-                sys.modules[name] = module
-                try:
-                    spec.loader.exec_module(module)
-                except BaseException:
-                    del sys.modules[name]
-                    raise
-        else:
-            if fn.root and fn.root not in sys.path:
-                sys.path.append(fn.root)
-            module = importlib.import_module(fn.module)
+        module = import_module_or_file(fn.path or fn.module, is_file=bool(fn.path), root=fn.root)
     except (Exception, SystemExit) as e:  # a broken user module: its error, on one line, naming the entry
         raise ValueError(f"{fn.label}: cannot import {fn.path or fn.module!r}: {type(e).__name__}: {e}") from None
     target = module
