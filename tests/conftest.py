@@ -1,5 +1,6 @@
 """Shared fixtures: tiny models built here (no hub), 8 fake CPU devices, a persistent compile cache."""
 
+import functools
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
@@ -9,6 +10,7 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 from pathlib import Path  # noqa: E402
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import pytest  # noqa: E402
 from flax import nnx  # noqa: E402
 
@@ -51,6 +53,15 @@ def hf_tokenizer(tok):
 
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", bos_token="<|im_start|>",
                                    pad_token="<|endoftext|>", chat_template=CHAT)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def forward_logits(graphdef, state, ids):
+    """Logits [B, T, V] of a plain causal forward of our model, as one compiled program (an oracle run eagerly
+    compiles each of its ops on its own: hundreds of small programs per test)."""
+    model = nnx.merge(graphdef, state)
+    hidden, _ = model(ids, jnp.arange(ids.shape[1])[None])
+    return model.logits(hidden)
 
 
 def torch_or_skip():

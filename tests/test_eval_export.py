@@ -2,7 +2,6 @@
 (train/export.py) checked against transformers, and `prepare-model` on a local folder, a GGUF file and an
 offline Hub id (model/registry.py). One tiny trained run (tests/test_trainer.py's config) serves every test."""
 
-import functools
 import json
 import shutil
 from pathlib import Path
@@ -14,7 +13,7 @@ import pytest
 import yaml
 from flax import nnx
 
-from conftest import TINY, byte_bpe_tokenizer, torch_or_skip
+from conftest import TINY, byte_bpe_tokenizer, forward_logits, torch_or_skip
 from test_gguf import write_gguf
 from test_trainer import _tiny_cfg
 
@@ -120,16 +119,8 @@ def test_eval_of_an_older_step_and_of_an_exported_folder(run, step2, exported, m
     assert summary["by_temperature"]["0.7"]["pass@3"] == pytest.approx(correct.any(axis=1).mean())
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _forward(graphdef, params, ids):
-    """Logits [B, T, V] of our model, one compiled program (run eagerly, each op compiled on its own)."""
-    model = nnx.merge(graphdef, params)
-    h, _ = model(ids, jnp.arange(ids.shape[1])[None])
-    return model.logits(h)
-
-
 def _our_logits(graphdef, params, ids):
-    return np.asarray(_forward(graphdef, params, jnp.asarray([ids])))[0]
+    return np.asarray(forward_logits(graphdef, params, jnp.asarray([ids])))[0]
 
 
 def test_export_loads_in_transformers_with_our_logits(run, exported):
@@ -182,8 +173,8 @@ def test_prepare_model_checks_a_folder_converts_a_gguf_and_names_an_offline_hub_
     from_gguf, _ = load_gguf(gguf)
     from_folder, _ = load_hf_folder(converted)
     for a, b in ((from_gguf, from_folder), (model, from_folder)):
-        np.testing.assert_allclose(np.asarray(_forward(*nnx.split(a), jnp.asarray(ids))),
-                                   np.asarray(_forward(*nnx.split(b), jnp.asarray(ids))), atol=1e-5)
+        np.testing.assert_allclose(np.asarray(forward_logits(*nnx.split(a), jnp.asarray(ids))),
+                                   np.asarray(forward_logits(*nnx.split(b), jnp.asarray(ids))), atol=1e-5)
 
     with pytest.raises(HubUnavailableError, match=r"cannot download 'nobody/no-such-model' from the Hugging Face Hub: "
                                                   r"offline \(HF_HUB_OFFLINE=1\); on a machine with network run "

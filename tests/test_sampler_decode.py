@@ -1,11 +1,10 @@
 """KV-cache decoding against full recomputation, padding independence, prefix continuation, buckets."""
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import forward_logits
 from flax import nnx
 
 from jaxrl_llm.sampling.processors import tempered_logprobs
@@ -19,14 +18,7 @@ def full_logits(model, tokens, width=64):
     graphdef, state = nnx.split(model)
     ids = np.zeros((1, width), np.int32)
     ids[0, :len(tokens)] = tokens
-    return np.asarray(_forward(graphdef, state, jnp.asarray(ids)))[0, :len(tokens)]
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _forward(graphdef, state, ids):
-    model = nnx.merge(graphdef, state)
-    hidden, _ = model(ids, jnp.arange(ids.shape[1])[None])
-    return model.logits(hidden)
+    return np.asarray(forward_logits(graphdef, state, jnp.asarray(ids)))[0, :len(tokens)]
 
 
 @pytest.mark.parametrize("temperature,stop", [(0.0, ()), (0.8, ()), (1.7, ()), (1.0, (5, 17, 40, 77))])
