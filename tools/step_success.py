@@ -27,8 +27,8 @@ def main(argv=None) -> int:
     from jaxrl_llm.config import load_config
     from jaxrl_llm.data.worked import step_profile
     from jaxrl_llm.rewards.pool import RewardPool
+    from jaxrl_llm.rewards.scoring import solved
     from jaxrl_llm.train.loop import Run
-    from jaxrl_llm.train.metrics import solved
     from jaxrl_llm.train.evaluate import sample_scored
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

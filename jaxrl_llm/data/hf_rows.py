@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 
 from jaxrl_llm.config import DataSection
-from jaxrl_llm.data.task_files import DataError, parquet_rubric
+from jaxrl_llm.data.task_files import parquet_rubric
+from jaxrl_llm.data.types import DataError
 
 SPLIT_KEYS = {"train": "split", "eval": "eval_split", "sft": "sft_split"}
 

@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Callable
 
-from jaxrl_llm.data.task_files import DataError
+from jaxrl_llm.data.types import DataError
 from jaxrl_llm.rewards.functions import import_module_or_file
 from jaxrl_llm.rewards.verifiers import extract_answer
 

@@ -23,7 +23,7 @@ from typing import Callable
 import numpy as np
 
 from jaxrl_llm.data.task_files import read_rows
-from jaxrl_llm.data.tasks import DataError
+from jaxrl_llm.data.types import DataError
 from jaxrl_llm.rewards.rubrics import IFEVAL, RubricError, parse_rubric
 
 BASE_INSTRUCTIONS = (

@@ -16,10 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-
-class DataError(ValueError):
-    """A task file, row or task name that cannot be used; the message names it."""
-
+from jaxrl_llm.data.types import DataError
 
 KINDS = ("jsonl", "parquet")
 

@@ -25,30 +25,19 @@ import json
 import logging
 
 from jaxrl_llm.config import DataSection
+from jaxrl_llm.data import rubric_tasks
 from jaxrl_llm.data.hf_rows import hf_rows
 from jaxrl_llm.data.rows import chat_turns, check_columns, extra_json, gold_answer, load_hook, map_columns, run_hook
-from jaxrl_llm.data.task_files import DataError, read_rows
+from jaxrl_llm.data.task_files import read_rows
+from jaxrl_llm.data.types import DataError, TaskItem
 from jaxrl_llm.data.worked import worked_solution
+from jaxrl_llm.rewards.rubrics import RubricError, dump_rubric, parse_rubric
 
 log = logging.getLogger("jaxrl_llm.data")
 SHOWN_ROWS = 5  # rows a skip warning or error names
 
 EVAL_SEED_OFFSET = 1_000_003  # held-out items come from another generator stream
 SFT_SEED_OFFSET = 2_000_003  # and separate SFT items (data.sft_size) from a third
-
-
-@dataclasses.dataclass(frozen=True)
-class TaskItem:
-    uid: str
-    question: str
-    answer: str
-    scorer: str  # "reasoning_gym:<name>" | "math" | "exact"
-    entry_json: str = ""  # the reasoning-gym entry its scorer needs, as JSON
-    reference: str = ""
-    difficulty: float = float("nan")  # data-set difficulty rank in [0, 1] (1 hardest); NaN: not given
-    rubric: str = ""  # rubric tasks (scorer "rubric"): the items as JSON text (rewards/rubrics.py dump_rubric)
-    extra: str = ""  # the row's other columns as a JSON object: handed to reward functions (reward.functions)
-    messages: str = ""  # a multi-turn prompt: its [{role, content}] turns as JSON (question: the last user turn)
 
 
 def _reasoning_gym(cfg: DataSection, split: str) -> list[TaskItem]:
@@ -75,8 +64,6 @@ def _reasoning_gym(cfg: DataSection, split: str) -> list[TaskItem]:
 
 def _rubric_item(uid: str, question: str, rubric_items, where: str, answer: str = "", reference: str = "",
                  difficulty: float = float("nan")) -> TaskItem:
-    from jaxrl_llm.rewards.rubrics import RubricError, dump_rubric, parse_rubric
-
     try:
         rubric = parse_rubric(rubric_items, where)
     except RubricError as e:
@@ -87,13 +74,11 @@ def _rubric_item(uid: str, question: str, rubric_items, where: str, answer: str 
 
 
 def _rubric_tasks(cfg: DataSection, split: str) -> list[TaskItem]:
-    from jaxrl_llm.data.rubric_tasks import rubric_items
-
     if split == "sft":
         return []
     size = {"train": cfg.train_size, "eval": cfg.eval_size}[split]
     return [_rubric_item(f"rubric:{split}:{i}", row["question"], row["rubric"], f"rubric task {split} {i}")
-            for i, row in enumerate(rubric_items(split, size, cfg.seed))]
+            for i, row in enumerate(rubric_tasks.rubric_items(split, size, cfg.seed))]
 
 
 def _difficulty(row: dict, where: str) -> float:

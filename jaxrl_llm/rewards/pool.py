@@ -31,6 +31,7 @@ from typing import Callable, Sequence
 
 from jaxrl_llm.rewards import functions as reward_functions
 from jaxrl_llm.rewards import sandbox
+from jaxrl_llm.rewards.types import FAILED, Score
 from jaxrl_llm.rewards.verifiers import prepare, score
 
 READY = "ready"
@@ -38,13 +39,10 @@ ERROR, MEMORY, KILLED = "error", "memory", "killed"
 TAIL_BYTES = 2000  # of a failed job's captured output, kept in last_error
 
 
-def _value(result):
-    """A reward, (reward, rubric items met) as rubric scorers return, or {component: value} (reward functions)."""
-    if isinstance(result, dict):
-        return {str(k): float(v) for k, v in result.items()}
-    if isinstance(result, tuple):
-        return float(result[0]), [int(m) for m in result[1]]
-    return float(result)
+def _value(result) -> Score:
+    """A job's Score: what the scorers and reward functions return, or a bare number (a pool given another `fn`)
+    as its reward."""
+    return result if isinstance(result, Score) else Score(float(result))
 
 
 def _worker(conn, output, fn, scorers, functions, folder, timeout_s, memory_mb, file_mb):
@@ -67,14 +65,14 @@ def _worker(conn, output, fn, scorers, functions, folder, timeout_s, memory_mb, 
         try:
             reply = (idx, _value((job_fn or fn)(*args)), None, None)
         except MemoryError:
-            reply = (idx, 0.0, "MemoryError: the job needed more than reward.memory_mb", MEMORY)
+            reply = (idx, FAILED, "MemoryError: the job needed more than reward.memory_mb", MEMORY)
         except BaseException as e:  # a broken or hostile checker (sys.exit included) must not take the worker down
-            reply = (idx, 0.0, f"{type(e).__name__}: {e}", ERROR)
+            reply = (idx, FAILED, f"{type(e).__name__}: {e}", ERROR)
         sys.stdout.flush()
         sys.stderr.flush()
         left = sandbox.leftovers()
         if left:  # the pool kills the group and replaces this worker
-            reply = (idx, 0.0, f"the job left {len(left)} processes running (pids {left[:5]})", KILLED)
+            reply = (idx, FAILED, f"the job left {len(left)} processes running (pids {left[:5]})", KILLED)
         conn.send(reply)
 
 
@@ -179,11 +177,11 @@ class RewardPool:
         self.workers[slot].tail = b""
 
     def map(self, jobs: Sequence[tuple], fn: Callable | None = None, label: Callable[[int], str] | None = None
-            ) -> list:
-        """Score every job (a tuple of arguments of `fn`, default the pool's); results in job order: a float,
-        (float, items met) from rubric scorers, or {component: float} from reward functions; a job that fails in
-        any way gives 0.0. `label(i)`: what job i is, put before its error in stats.last_error."""
-        results = [0.0] * len(jobs)
+            ) -> list[Score]:
+        """Score every job (a tuple of arguments of `fn`, default the pool's): its Score, in job order; a job that
+        fails in any way gives FAILED (reward 0). `label(i)`: what job i is, put before its error in
+        stats.last_error."""
+        results = [FAILED] * len(jobs)
         pending = list(range(len(jobs)))[::-1]
         busy: dict[int, tuple[int, float]] = {}  # worker slot -> (job index, deadline)
         while pending or busy:
@@ -213,7 +211,7 @@ class RewardPool:
                 except Exception as e:  # the job ended its worker (os._exit, a signal, the OOM killer) or wrote
                     # into its pipe
                     self.workers[slot].proc.join(timeout=1)
-                    idx, value, kind = busy[slot][0], 0.0, KILLED
+                    idx, value, kind = busy[slot][0], FAILED, KILLED
                     err = (f"the worker died (exit code {self.workers[slot].proc.exitcode})" if isinstance(e, EOFError)
                            else f"the worker's reply was unreadable ({type(e).__name__}: {e})")
                 if err:
@@ -231,7 +229,7 @@ class RewardPool:
             for slot, (idx, deadline) in list(busy.items()):
                 if now >= deadline:
                     self._fail(slot, "timeouts", f"a job ran past its {self.timeout_s} s", label(idx) if label else "")
-                    results[idx] = 0.0
+                    results[idx] = FAILED
                     self._replace(slot)
                     del busy[slot]
         return results

@@ -59,6 +59,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from jaxrl_llm.rewards.types import Score
+
 IFEVAL, PY, JUDGE = "ifeval:", "py:", "judge"
 
 LEFT_OUT = {
@@ -370,10 +372,10 @@ def _parsed(rubric_json: str) -> tuple[RubricItem, ...]:
     return parse_rubric(json.loads(rubric_json), "rubric")
 
 
-def score_rubric(rubric_json: str, response: str) -> tuple[float, list[int]]:
+def score_rubric(rubric_json: str, response: str) -> Score:
     """grade() for a worker process: the rubric as JSON text (`dump_rubric`); judge items count as unmet."""
     value, met = grade(_parsed(rubric_json), response)
-    return value, met.astype(int).tolist()
+    return Score(value, tuple(met.astype(int).tolist()))
 
 
 def rubric_items(rubric_json: str) -> tuple[RubricItem, ...]:

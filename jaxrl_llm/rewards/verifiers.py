@@ -20,6 +20,8 @@ import operator
 import re
 from fractions import Fraction
 
+from jaxrl_llm.rewards.types import Score
+
 _TAGS = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?")
 
@@ -147,13 +149,17 @@ def prepare(scorers) -> None:
             reasoning_gym.get_score_answer_fn(name)
 
 
-def score(scorer: str, answer: str, entry_json: str, response: str, fmt: str) -> float | tuple[float, list[int]]:
-    """The reward of `response`; rubric tasks (scorer "rubric", entry_json the rubric) give (reward, items met)
-    and grade the whole response (no answer extraction)."""
+def score(scorer: str, answer: str, entry_json: str, response: str, fmt: str) -> Score:
+    """The Score of `response`: its reward; rubric tasks (scorer "rubric", entry_json the rubric) also give the
+    items met and grade the whole response (no answer extraction)."""
     if scorer == "rubric":
         from jaxrl_llm.rewards.rubrics import score_rubric
 
         return score_rubric(entry_json, response)
+    return Score(_answer_reward(scorer, answer, entry_json, response, fmt))
+
+
+def _answer_reward(scorer: str, answer: str, entry_json: str, response: str, fmt: str) -> float:
     extracted = extract_answer(response, fmt)
     if extracted is None:
         return 0.0
