@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.config import E3Section, RRLSection, load_config
-from jaxrl_llm.data.tasks import TaskItem
+from jaxrl_llm.data.types import TaskItem
 from jaxrl_llm.explore.base import Setup, StepInfo
 from jaxrl_llm.explore.e3 import E3
 from jaxrl_llm.explore.rows import RowPlan, Rollouts
@@ -109,7 +109,7 @@ def test_scores_disagree_with_the_total_as_designed(step):
 def test_e3_ranks_follow_correct_not_the_total(step):
     r, plan = step["fns"], step["plan"]
     e3 = E3(E3Section(enabled=True, rank_every=1, temperature=False))
-    state = e3.init(_setup())
+    state, _ = e3.init(_setup())
     info = StepInfo(step=1, prompt_ids=np.arange(B), key=jax.random.key(1))
     new, metrics = e3.observe(state, r, info)
     want = _ranks(_rate(plan, step["right"].astype(float)))
@@ -123,7 +123,7 @@ def test_e3_ranks_follow_correct_not_the_total(step):
 def test_rrl_solved_prompts_and_states_follow_correct(step):
     r, plan, tok = step["fns"], step["plan"], step["tok"]
     rrl = RRL(RRLSection(enabled=True, boundary="tokens", every_tokens=2, capacity=64, warmup_steps=0))
-    state = rrl.init(_setup())
+    state, _ = rrl.init(_setup())
     new, metrics = rrl.observe(state, r, StepInfo(step=1, prompt_ids=np.arange(B), key=jax.random.key(1)))
     rate = _rate(plan, step["right"].astype(float))
     np.testing.assert_allclose(to_host(new.last_success), np.nan_to_num(rate, nan=-1.0), atol=1e-7)
@@ -156,11 +156,11 @@ def test_without_functions_the_rows_carry_the_reward_as_before(step):
     np.testing.assert_array_equal(rows.correct, graded >= 1.0 - 1e-6)
     info = StepInfo(step=1, prompt_ids=np.arange(B), key=jax.random.key(1))
     e3 = E3(E3Section(enabled=True, rank_every=1, temperature=False))
-    new, _ = e3.observe(e3.init(_setup()), rows, info)
+    new, _ = e3.observe(e3.init(_setup())[0], rows, info)
     np.testing.assert_array_equal(to_host(new.reward_sum), np.bincount(plan.prompt, graded, P).astype(np.float32))
     np.testing.assert_allclose(to_host(new.rank), _ranks(_rate(plan, graded)), atol=1e-6)
     rrl = RRL(RRLSection(enabled=True, boundary="tokens", every_tokens=2, capacity=64, unsolved_below=1.1))
-    new, _ = rrl.observe(rrl.init(_setup()), rows, info)
+    new, _ = rrl.observe(rrl.init(_setup())[0], rows, info)
     held = np.flatnonzero(to_host(new.replay.length) > 0)
     rows_of = [int(step["tok"].decode(to_host(new.replay.tokens)[s, :2].tolist())) for s in held]
     np.testing.assert_array_equal(to_host(new.replay.prior)[held], graded[rows_of])

@@ -9,10 +9,11 @@ import jax
 import numpy as np
 import pytest
 
-from jaxrl_llm.config import RRLSection
+from jaxrl_llm.config import E3Section, RRLSection
 from jaxrl_llm.data.worked import first_error, parse_terms, step_profile, steps, worked_solution
 from jaxrl_llm.explore.base import Setup, StepInfo
 from jaxrl_llm.explore.cuts import OPENS_SPACE, SENTENCE, STEP_END, boundary_table, cut_lengths, keep_best, spread
+from jaxrl_llm.explore.e3 import E3
 from jaxrl_llm.explore.rows import RowPlan, Rollouts
 from jaxrl_llm.explore.rrl import BY_FRESH, BY_REPLAY, NEVER, RRL, free_slots
 from jaxrl_llm.sampling.sampler import FINISH_LENGTH, FINISH_STOP, SampleOutput
@@ -115,23 +116,23 @@ def _rrl(**kw):
                                warmup_steps=0, capacity=16, max_prefix_tokens=5, priority_temperature=0.0,
                                priority="value"), **kw})
     rrl = RRL(cfg)
-    return rrl, rrl.init(_setup())
+    return rrl, rrl.init(_setup())[0]
 
 
 def _insert(rrl, state, prefixes, prompts, priors):
-    t = rrl.max_prefix
+    t = state.run.max_prefix
     tok = np.zeros((len(prefixes), t), np.int32)
     for i, p in enumerate(prefixes):
         tok[i, :len(p)] = p
-    replay, _ = rrl.ops.insert(state.replay, tok, np.array([len(p) for p in prefixes], np.int32),
-                               np.array(prompts, np.int32), np.array(priors, np.float32), np.ones(len(prefixes), bool),
-                               1, 0, rrl.cfg.c_ucb, rule=rrl.cfg.priority)
+    replay, _ = state.run.ops.insert(state.replay, tok, np.array([len(p) for p in prefixes], np.int32),
+                                     np.array(prompts, np.int32), np.array(priors, np.float32),
+                                     np.ones(len(prefixes), bool), 1, 0, rrl.cfg.c_ucb, rule=rrl.cfg.priority)
     return state.replace(replay=replay)
 
 
 def test_plan_replaces_fresh_slots_with_continuations():
     rrl, state = _rrl()
-    assert rrl.k_max == 4 and rrl.max_prefix == 5
+    assert state.run.k_max == 4 and state.run.max_prefix == 5
     state = _insert(rrl, state, [(7, 8), (9,), (3, 4, 5)], [0, 5, 1], [0.9, 0.5, 0.1])
     key = jax.random.key(0)
     base = RowPlan.groups([8] * 4, 1.0, key, prompt_ids=[0, 1, 2, 3])
@@ -181,8 +182,9 @@ def test_plans_drawing_any_number_of_states_compile_nothing_new():
     from jaxrl_llm.utils import compile_counter
 
     rrl, _ = _rrl()
-    states = [_insert(rrl, rrl.init(_setup()), p, q, v) for p, q, v in (([(7, 8), (9,), (3, 4, 5)], [0, 5, 1], [0.9, 0.5, 0.1]),
-                                                           ([(9,)], [5], [0.5]), ([(9,), (3,)], [5, 1], [0.5, 0.2]))]
+    stored = (([(7, 8), (9,), (3, 4, 5)], [0, 5, 1], [0.9, 0.5, 0.1]), ([(9,)], [5], [0.5]),
+              ([(9,), (3,)], [5, 1], [0.5, 0.2]))
+    states = [_insert(rrl, rrl.init(_setup())[0], p, q, v) for p, q, v in stored]
     base = RowPlan.groups([8] * 4, 1.0, jax.random.key(0), prompt_ids=[0, 1, 2, 3])
     info = StepInfo(step=2, prompt_ids=np.array([0, 1, 2, 3]), key=jax.random.key(1))
     assert rrl.plan(states[0], base, info).replayed.sum() == 12  # warm-up: the first replay compiles
@@ -191,6 +193,50 @@ def test_plans_drawing_any_number_of_states_compile_nothing_new():
     assert compile_counter.compilations() == before
 
 
+def test_one_explorer_object_steps_two_runs_as_two_objects_do():
+    """Nothing per-run lives on an explorer object: two runs' states stepped through one E3 and one RRL,
+    interleaved (both inits, both plans, then both observes), give the plans, states and metrics that one
+    object per run gives. E3's runs differ only in the data set's difficulty ranks (read inside its jitted
+    observe from the state's static field, which compares equal, they would be baked into the one program the
+    runs share); RRL's in their sizes (training items)."""
+    rrl_cfg = RRLSection(enabled=True, boundary="tokens", every_tokens=1, replay_ratio=0.5, continuations=4,
+                         warmup_steps=0, capacity=64, max_prefix_tokens=5, priority_temperature=0.5)
+    diff = np.linspace(0.0, 1.0, 6, dtype=np.float32)
+    def stored(state):
+        return _insert(RRL(rrl_cfg), state, [(7, 8), (9,), (3, 4, 5)], [0, 5, 1], [0.9, 0.5, 0.1])
+
+    cases = [(lambda: E3(E3Section(enabled=True, rank_every=1)), lambda state: state,
+              [_setup(item_difficulty=diff), _setup(item_difficulty=diff[::-1].copy())]),
+             (lambda: RRL(rrl_cfg), stored, [_setup(), _setup(num_items=7)])]
+    base = RowPlan.groups([8] * 4, 1.0, jax.random.key(0), prompt_ids=[0, 1, 2, 3])
+
+    def two_runs(explorers, setups, prepare):
+        states = [prepare(e.init(s)[0]) for e, s in zip(explorers, setups)]
+        infos = [StepInfo(step=2, prompt_ids=np.arange(4), key=jax.random.key(7 + i)) for i in range(2)]
+        plans = [e.plan(st, base, info) for e, st, info in zip(explorers, states, infos)]
+        steps = []
+        for e, st, plan, info in zip(explorers, states, plans, infos):
+            rows = np.arange(plan.rows)
+            responses = [(20 + i % 5, 30, 40)[:1 + i % 3] for i in rows]
+            rewards = ((plan.prompt + rows) % 3 == 0).astype(np.float32)
+            steps.append(e.observe(st, _rollouts(plan, responses, rewards, rows % 2 == 0), info))
+        return plans, [jax.device_get(new) for new, _ in steps], [m for _, m in steps]
+
+    for make, prepare, setups in cases:
+        one = make()
+        shared, apart = two_runs([one, one], setups, prepare), two_runs([make(), make()], setups, prepare)
+        for a, b in zip(shared[0], apart[0]):
+            assert a.prefix == b.prefix
+            for f in dataclasses.fields(RowPlan):
+                if f.name != "prefix":
+                    np.testing.assert_array_equal(getattr(a, f.name), getattr(b, f.name))
+        jax.tree.map(np.testing.assert_array_equal, shared[1], apart[1])
+        np.testing.assert_equal(shared[2], apart[2])
+        first, second = (jax.tree.leaves(state) for state in shared[1])
+        assert not all(np.array_equal(x, y) for x, y in zip(first, second))  # the runs differ: a mix-up would show
+
+
+@pytest.mark.slow
 def test_observe_updates_values_drops_solved_and_inserts_cuts():
     rrl, state = _rrl(capacity=64)  # room for every cut: nothing evicted
     state = _insert(rrl, state, [(7, 8), (9,), (3, 4, 5)], [0, 5, 1], [0.9, 0.5, 0.1])
@@ -256,7 +302,8 @@ def test_worked_steps_and_profile():
 
 def test_worked_references_from_reasoning_gym_end_in_the_answer():
     from jaxrl_llm.config import load_config
-    from jaxrl_llm.data.tasks import DataError, load_items
+    from jaxrl_llm.data.tasks import load_items
+    from jaxrl_llm.data.types import DataError
     from jaxrl_llm.rewards.verifiers import extract_answer
 
     cfg = load_config("configs/toy_steps.yaml").data
@@ -276,14 +323,14 @@ class _RefTok:
 
 
 def test_reference_prefixes_of_unsolved_prompts_enter_with_prior_one():
-    from jaxrl_llm.data.tasks import TaskItem
+    from jaxrl_llm.data.types import TaskItem
 
     items = [TaskItem(uid=str(i), question="q", answer="1", scorer="exact", reference="abcdef" if i != 2 else "")
              for i in range(6)]
     cfg = RRLSection(enabled=True, boundary="tokens", every_tokens=2, replay_ratio=0.5, continuations=4,
                      warmup_steps=5, capacity=64, max_prefix_tokens=5, reference_prefixes=True)
     rrl = RRL(cfg)
-    state = rrl.init(_setup(items=items, tokenizer=_RefTok()))
+    state, _ = rrl.init(_setup(items=items, tokenizer=_RefTok()))
     info = StepInfo(step=1, prompt_ids=np.array([0, 1, 2, 3]), key=jax.random.key(1))
     plan = rrl.plan(state, RowPlan.groups([8] * 4, 1.0, jax.random.key(0), prompt_ids=[0, 1, 2, 3]), info)
     assert not plan.replayed.any()  # warm-up
@@ -310,8 +357,9 @@ class _StepTok:
         return "".join(self.CHARS[i - 1] if 1 <= i <= len(self.CHARS) else "" for i in ids)
 
 
+@pytest.mark.slow
 def test_step_prior_scores_each_prefix_by_the_reference_lines_it_has_right():
-    from jaxrl_llm.data.tasks import TaskItem
+    from jaxrl_llm.data.types import TaskItem
 
     tok = _StepTok()
     ref = "1+2=3\n3+4=7\n7-1=6"
@@ -319,7 +367,7 @@ def test_step_prior_scores_each_prefix_by_the_reference_lines_it_has_right():
     cfg = RRLSection(enabled=True, boundary="line", replay_ratio=0.5, continuations=4, warmup_steps=5, capacity=256,
                      max_prefix_tokens=18, prefixes_per_response=3, prior="steps", priority="value")
     rrl = RRL(cfg)
-    state = rrl.init(_setup(items=items, tokenizer=tok, max_new_tokens=20))
+    state, _ = rrl.init(_setup(items=items, tokenizer=tok, max_new_tokens=20))
     info = StepInfo(step=1, prompt_ids=np.array([0, 1, 2, 3]), key=jax.random.key(1))
     plan = rrl.plan(state, RowPlan.groups([8] * 4, 1.0, jax.random.key(0), prompt_ids=[0, 1, 2, 3]), info)
     texts = ["1+2=3\n3+4=7\n7-1=5", "1 + 2 = 3\n3+4=8\n8-1=7", "1+2=4\n4+4=8\n8-1=7", "1+2=3\n\n3+4=7\n7-1=9"]
@@ -334,20 +382,21 @@ def test_step_prior_scores_each_prefix_by_the_reference_lines_it_has_right():
     assert got == pytest.approx(want, abs=1e-6)
     # priority=uncertainty keeps only the right-so-far prefixes (a wrong line: its continuations all fail)
     rrl_u = RRL(dataclasses.replace(cfg, priority="uncertainty"))
-    state_u = rrl_u.init(_setup(items=items, tokenizer=tok, max_new_tokens=20))
+    state_u, _ = rrl_u.init(_setup(items=items, tokenizer=tok, max_new_tokens=20))
     plan_u = rrl_u.plan(state_u, RowPlan.groups([8] * 4, 1.0, jax.random.key(0), prompt_ids=[0, 1, 2, 3]), info)
     new_u, _ = rrl_u.observe(state_u, _rollouts(plan_u, responses, np.zeros(32, np.float32), np.zeros(32, bool)), info)
     r = jax.device_get(new_u.replay)
     got = {tok.decode(r.tokens[i, :r.length[i]].tolist()): float(r.prior[i]) for i in np.flatnonzero(r.length > 0)}
     assert got == pytest.approx({k: v for k, v in want.items() if v > 0}, abs=1e-6)
-    assert rrl.step_prior(0, tok(ref + "\n")["input_ids"]) == 1.0  # every line right: the whole solution
-    assert rrl.step_prior(0, tok("1+2=3\n3+")["input_ids"]) == pytest.approx(1 / 3)  # a partial line is not judged
+    assert state.run.step_prior(0, tok(ref + "\n")["input_ids"]) == 1.0  # every line right: the whole solution
+    # a partial line is not judged
+    assert state.run.step_prior(0, tok("1+2=3\n3+")["input_ids"]) == pytest.approx(1 / 3)
 
     # a response right for 3 lines and wrong at the 4th: kept by prior, its two longest right-so-far cuts
     # (the spread rule would keep the first line and the wrong 4th)
     items4 = [dataclasses.replace(it, reference=ref + "\n6+1=7") for it in items]
     rrl = RRL(dataclasses.replace(cfg, prefixes_per_response=2, max_prefix_tokens=30))
-    state = rrl.init(_setup(items=items4, tokenizer=tok, max_new_tokens=30))
+    state, _ = rrl.init(_setup(items=items4, tokenizer=tok, max_new_tokens=30))
     plan = rrl.plan(state, RowPlan.groups([8] * 4, 1.0, jax.random.key(0), prompt_ids=[0, 1, 2, 3]), info)
     one = tuple(tok("1+2=3\n3+4=7\n7-1=6\n6+1=8\n8")["input_ids"])
     new, _ = rrl.observe(state, _rollouts(plan, [one] * 32, np.zeros(32, np.float32), np.zeros(32, bool)), info)
@@ -370,19 +419,17 @@ def test_min_group_size_bounds_every_group_replay_can_cut_brute_force():
         b, n, c = int(rng.integers(2, 9)), int(rng.integers(2, 13)), int(rng.integers(1, 7))
         cfg = RRLSection(enabled=True, boundary="tokens", every_tokens=1, continuations=c,
                          replay_ratio=float(rng.uniform(0.05, 0.9)), capacity=16, max_prefix_tokens=4)
-        rrl = RRL(cfg)
-        assert rrl.min_group_size() == min(2, c)  # before init: the loosest bound
-        rrl.init(_setup(prompts_per_step=b, group_size=n, rows=b * n))
-        bound = rrl.min_group_size()
+        state, footprint = RRL(cfg).init(_setup(prompts_per_step=b, group_size=n, rows=b * n))
+        bound, k_max = footprint.min_group_size, state.run.k_max
         seen_tighter += bound > min(2, c)
-        assert rrl.k_max == 0 or c >= bound
+        assert k_max == 0 or c >= bound
         for _ in range(5):
             cuts = np.sort(rng.choice(np.arange(1, b * n), size=b - 1, replace=False))  # b sizes >= 1 summing to N
             sizes = np.diff(np.concatenate([[0], cuts, [b * n]]))
             group = np.repeat(np.arange(b), sizes)
-            freed = free_slots(group, int(rng.integers(0, rrl.k_max * c + 1)))
+            freed = free_slots(group, int(rng.integers(0, k_max * c + 1)))
             left = sizes - np.bincount(group[freed], minlength=b)
-            assert (left[left < sizes] >= bound).all(), (b, n, c, rrl.k_max, sizes, left, bound)
+            assert (left[left < sizes] >= bound).all(), (b, n, c, k_max, sizes, left, bound)
     assert seen_tighter > 80  # 97 of these 300 draws
 
 

@@ -12,9 +12,14 @@ HeRL):
     advantages over the rows the step ended with, then the update
     observe  each explorer updates its state from the scored rollouts and returns metrics
 
-An explorer's state is a pytree of arrays: it is checkpointed with the train state and restored
-exactly. Each explorer draws its randomness from its own key phase (`StepInfo.key`). The defaults
-do nothing, so plain GRPO is the empty composition.
+An explorer object holds its config only. `init(setup)` returns its state and its `Footprint`: the state
+is a pytree whose array leaves are checkpointed with the train state and restored exactly, and whose
+static (non-leaf) field holds what the explorer derives from the Setup for the run (sizes, tables, the
+tokenizer), rebuilt by init on resume. That field compares by the explorer's config and the run's sizes
+only (its data-derived members are `compare=False`), so two runs' states tree-map together; jitted code
+takes those members as arguments, never baked in. What plan() decides and observe() needs rides in the
+plan's rows (RowPlan.replay_slot), never on `self`. Each explorer draws its randomness from its own key
+phase (`StepInfo.key`). The defaults do nothing, so plain GRPO is the empty composition.
 """
 
 from __future__ import annotations
@@ -70,35 +75,40 @@ class StepInfo:
     key: jax.Array  # the explorer's key for this step (its own phase)
 
 
+@dataclasses.dataclass(frozen=True)
+class Footprint:
+    """What an explorer may add to a step, declared by init so that the run's shapes and memory plan are
+    known before anything big is built."""
+
+    extra_contexts: int = 0  # most distinct contexts (prompt + prefix, or its own) it adds to a step beyond its prompts
+    prefix_tokens: int = 0  # longest given prefix it puts after a prompt (0: none)
+    context_tokens: int = 0  # longest context of its own (not a training prompt) it has rows trained under (0: none)
+    # the smallest group it can create, None when it leaves group sizes alone (the update's shared layout is sized
+    # by it)
+    min_group_size: int | None = None
+    # (rows, context length) of the largest sampler calls of its own in a step (the memory plan sizes the sampler's
+    # KV cache for the largest call of the run)
+    sampling_calls: tuple[tuple[int, int], ...] = ()
+
+    @staticmethod
+    def combine(footprints: Sequence["Footprint"], nominal: int) -> "Footprint":
+        """Several explorers' footprints as one: contexts add up, lengths take the longest, calls all count; the
+        smallest group is None when every group keeps `nominal` rows, else the smallest any explorer can make."""
+        sizes = [f.min_group_size for f in footprints if f.min_group_size is not None]
+        return Footprint(extra_contexts=sum(f.extra_contexts for f in footprints),
+                         prefix_tokens=max([0] + [f.prefix_tokens for f in footprints]),
+                         context_tokens=max([0] + [f.context_tokens for f in footprints]),
+                         min_group_size=min([nominal] + sizes) if sizes else None,
+                         sampling_calls=tuple(call for f in footprints for call in f.sampling_calls))
+
+
 class Explorer:
     """No-op defaults; subclasses override what they change."""
 
     name = "none"
 
-    def init(self, setup: Setup) -> Any:
-        return {}
-
-    def min_group_size(self) -> int | None:
-        """The smallest group this explorer can create, None when it leaves group sizes alone (the
-        update's shared layout is sized by it)."""
-        return None
-
-    def extra_contexts(self) -> int:
-        """Most distinct contexts (prompt + prefix) this explorer adds to a step beyond its prompts."""
-        return 0
-
-    def prefix_tokens(self) -> int:
-        """Longest given prefix this explorer puts after a prompt (0: none)."""
-        return 0
-
-    def context_tokens(self) -> int:
-        """Longest context of its own (not a training prompt) this explorer has rows trained under (0: none)."""
-        return 0
-
-    def sampling_calls(self) -> list[tuple[int, int]]:
-        """(rows, context length) of the largest sampler calls of its own it makes in a step, after init (the
-        memory plan sizes the sampler's KV cache for the largest call of the run)."""
-        return []
+    def init(self, setup: Setup) -> tuple[Any, Footprint]:
+        return {}, Footprint()
 
     def plan(self, state, plan: RowPlan, info: StepInfo) -> RowPlan:
         return plan
@@ -124,26 +134,15 @@ class Explorers:
     def names(self) -> list[str]:
         return [e.name for e in self.explorers]
 
-    def init(self, setup: Setup) -> dict:
-        return {e.name: e.init(setup) for e in self.explorers}
+    def start(self, setup: Setup) -> tuple[dict, Footprint]:
+        """Every explorer's initial state, and their footprints combined."""
+        states, footprints = {}, []
+        for e in self.explorers:
+            states[e.name], footprint = e.init(setup)
+            footprints.append(footprint)
+        return states, Footprint.combine(footprints, setup.group_size)
 
-    def min_group_size(self, nominal: int) -> int | None:
-        """None when every group keeps `nominal` rows, else the smallest group any explorer can make."""
-        sizes = [m for m in (e.min_group_size() for e in self.explorers) if m is not None]
-        return min([nominal] + sizes) if sizes else None
-
-    def extra_contexts(self) -> int:
-        return sum(e.extra_contexts() for e in self.explorers)
-
-    def prefix_tokens(self) -> int:
-        return max([0] + [e.prefix_tokens() for e in self.explorers])
-
-    def context_tokens(self) -> int:
-        return max([0] + [e.context_tokens() for e in self.explorers])
-
-    def sampling_calls(self) -> list[tuple[int, int]]:
-        return [call for e in self.explorers for call in e.sampling_calls()]
-
+    # -- a step ---------------------------------------------------------------------------------------
     def plan(self, states: dict, plan: RowPlan, info: dict[str, StepInfo]) -> RowPlan:
         for e in self.explorers:
             plan = e.plan(states[e.name], plan, info[e.name])

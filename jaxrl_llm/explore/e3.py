@@ -22,7 +22,7 @@ temperatures change.
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -30,13 +30,30 @@ import numpy as np
 from flax import struct
 
 from jaxrl_llm.config import E3Section
-from jaxrl_llm.explore.base import Explorer, Setup, StepInfo
+from jaxrl_llm.explore.base import Explorer, Footprint, Setup, StepInfo
 from jaxrl_llm.explore.budget import allocate, bounds, difficulty_ranks
 from jaxrl_llm.explore.rows import RowPlan, Rollouts
 from jaxrl_llm.explore.temperature import annealed_target, entropy_constant, next_temperature, row_temperatures
 from jaxrl_llm.parallel.hosts import to_host
 
 QUINTILES = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class E3Run:
+    """What E3 takes from the run's Setup: E3State's static field (explore/base.py)."""
+
+    cfg: E3Section
+    rows: int  # N, the total every allocation keeps
+    group_size: int
+    temperature: float  # the configured sampling temperature
+    steps_per_epoch: int
+    total_steps: int
+    vocab_size: int
+    rank_every: int  # steps between re-ranks (the config's 0: once an epoch)
+    # [P] data-set difficulty ranks of unseen items (None: unseen items rank hardest); an argument of the jitted
+    # observe, never read inside it from here
+    seed_rank: jax.Array | None = dataclasses.field(default=None, compare=False)
 
 
 @struct.dataclass
@@ -49,6 +66,33 @@ class E3State:
     temperature: jax.Array  # () the controller's T for the next step
     initial_target: jax.Array  # () H* before annealing; 0 until measured at step 1
     entropy: jax.Array  # () the last step's measured entropy
+    run: E3Run = struct.field(pytree_node=False)
+
+
+_allocate = jax.jit(allocate, static_argnames="total")
+
+
+@jax.jit
+def _observe(state: E3State, seed_rank, item_N, reward_N, fresh_N, entropy, step):
+    """The tracker, ranks, bounds and temperature after a step; the run's sizes come static with the state."""
+    run = state.run
+    c = run.cfg
+    w = fresh_N.astype(jnp.float32)
+    reward_sum = state.reward_sum.at[item_N].add(reward_N * w)
+    count = state.count.at[item_N].add(w)
+    rank = jnp.where(step % run.rank_every == 0, difficulty_ranks(reward_sum, count, seed_rank), state.rank)
+    n_min, n_max = bounds(step // run.steps_per_epoch, run.group_size, c.delta, c.n_low, c.n_high)
+    initial = jnp.where(state.initial_target > 0, state.initial_target, entropy)
+    target = annealed_target(initial, step, run.total_steps, c.anneal_ratio, c.anneal_factor) if c.anneal \
+        else initial
+    temperature = state.temperature
+    if c.temperature:
+        k = entropy_constant(run.vocab_size)
+        temperature = next_temperature(state.temperature, target, entropy, k, c.t_min, c.t_max)
+    new = state.replace(reward_sum=reward_sum, count=count, rank=rank, n_min=n_min, n_max=n_max,
+                        temperature=jnp.asarray(temperature, jnp.float32), initial_target=initial,
+                        entropy=jnp.asarray(entropy, jnp.float32))
+    return new, target
 
 
 class E3(Explorer):
@@ -57,36 +101,33 @@ class E3(Explorer):
     def __init__(self, cfg: E3Section):
         self.cfg = cfg
 
-    def min_group_size(self) -> int | None:
-        return self.cfg.n_low if self.cfg.budget else None
-
     # -- state --------------------------------------------------------------------------------------
-    def init(self, setup: Setup) -> E3State:
+    def init(self, setup: Setup) -> tuple[E3State, Footprint]:
         c = self.cfg
-        self.setup = setup
-        self.rank_every = c.rank_every or setup.steps_per_epoch
         diff = setup.item_difficulty
-        self.seed_rank = None  # items without a data-set difficulty rank as unseen: hardest
+        seed_rank = None  # items without a data-set difficulty rank as unseen: hardest
         if c.data_rank and diff is not None and np.isfinite(diff).any():
-            self.seed_rank = jnp.asarray(np.where(np.isfinite(diff), diff, 1.0), jnp.float32)
+            seed_rank = jnp.asarray(np.where(np.isfinite(diff), diff, 1.0), jnp.float32)
+        run = E3Run(cfg=c, rows=setup.rows, group_size=setup.group_size, temperature=setup.temperature,
+                    steps_per_epoch=setup.steps_per_epoch, total_steps=setup.total_steps,
+                    vocab_size=setup.vocab_size, rank_every=c.rank_every or setup.steps_per_epoch, seed_rank=seed_rank)
         p = setup.num_items
         zeros = jnp.zeros((p,), jnp.float32)
         n = setup.group_size
-        self._allocate = jax.jit(functools.partial(allocate, total=setup.rows))
-        self._observe = jax.jit(self._observe_fn)
-        return E3State(reward_sum=zeros, count=zeros, rank=difficulty_ranks(zeros, zeros, self.seed_rank),
-                       n_min=jnp.int32(n), n_max=jnp.int32(n), temperature=jnp.float32(setup.temperature),
-                       initial_target=jnp.float32(c.target_entropy), entropy=jnp.float32(0.0))
+        state = E3State(reward_sum=zeros, count=zeros, rank=difficulty_ranks(zeros, zeros, seed_rank),
+                        n_min=jnp.int32(n), n_max=jnp.int32(n), temperature=jnp.float32(setup.temperature),
+                        initial_target=jnp.float32(c.target_entropy), entropy=jnp.float32(0.0), run=run)
+        return state, Footprint(min_group_size=c.n_low if c.budget else None)
 
     # -- before sampling ----------------------------------------------------------------------------
     def plan(self, state: E3State, plan: RowPlan, info: StepInfo) -> RowPlan:
-        c, setup = self.cfg, self.setup
+        c, run = self.cfg, state.run
         rank_b = state.rank[jnp.asarray(info.prompt_ids)]
         if c.budget:
-            sizes = np.asarray(self._allocate(rank_b, state.n_min, state.n_max))
+            sizes = np.asarray(_allocate(rank_b, state.n_min, state.n_max, total=run.rows))
         else:
-            sizes = np.full(len(info.prompt_ids), setup.group_size)
-        temp = state.temperature if c.temperature else jnp.float32(setup.temperature)
+            sizes = np.full(len(info.prompt_ids), run.group_size)
+        temp = state.temperature if c.temperature else jnp.float32(run.temperature)
         if c.difficulty_temperature:
             per_prompt = np.asarray(row_temperatures(temp, rank_b, c.difficulty_temperature, c.t_min, c.t_max))
         else:
@@ -99,25 +140,6 @@ class E3(Explorer):
                        hindsight=plan.hindsight, row_keys=plan.row_keys)
 
     # -- after the update ---------------------------------------------------------------------------
-    def _observe_fn(self, state: E3State, item_N, reward_N, fresh_N, entropy, step):
-        c, setup = self.cfg, self.setup
-        w = fresh_N.astype(jnp.float32)
-        reward_sum = state.reward_sum.at[item_N].add(reward_N * w)
-        count = state.count.at[item_N].add(w)
-        rank = jnp.where(step % self.rank_every == 0, difficulty_ranks(reward_sum, count, self.seed_rank), state.rank)
-        n_min, n_max = bounds(step // setup.steps_per_epoch, setup.group_size, c.delta, c.n_low, c.n_high)
-        initial = jnp.where(state.initial_target > 0, state.initial_target, entropy)
-        target = annealed_target(initial, step, setup.total_steps, c.anneal_ratio, c.anneal_factor) if c.anneal \
-            else initial
-        temperature = state.temperature
-        if c.temperature:
-            k = entropy_constant(setup.vocab_size)
-            temperature = next_temperature(state.temperature, target, entropy, k, c.t_min, c.t_max)
-        new = E3State(reward_sum=reward_sum, count=count, rank=rank, n_min=n_min, n_max=n_max,
-                      temperature=jnp.asarray(temperature, jnp.float32), initial_target=initial,
-                      entropy=jnp.asarray(entropy, jnp.float32))
-        return new, target
-
     def observe(self, state: E3State, rollouts: Rollouts, info: StepInfo) -> tuple[E3State, dict]:
         plan, out = rollouts.plan, rollouts.out
         fresh = ~plan.replayed & ~plan.hindsight
@@ -127,8 +149,9 @@ class E3(Explorer):
         rank = to_host(state.rank)  # the ranks this step was planned with
         rank_rows = rank[item]
         # success as scored (not the rewards as another explorer adjusted them) feeds the difficulty tracker
-        new, target = self._observe(state, jnp.asarray(item, jnp.int32), jnp.asarray(rollouts.success, jnp.float32),
-                                    jnp.asarray(fresh), jnp.float32(entropy), jnp.int32(info.step))
+        new, target = _observe(state, state.run.seed_rank, jnp.asarray(item, jnp.int32),
+                               jnp.asarray(rollouts.success, jnp.float32), jnp.asarray(fresh), jnp.float32(entropy),
+                               jnp.int32(info.step))
         sizes = np.bincount(plan.group[fresh], minlength=len(info.prompt_ids))
         correct = rollouts.correct
         quint = np.minimum((rank_rows * QUINTILES).astype(int), QUINTILES - 1)

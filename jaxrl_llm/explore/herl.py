@@ -38,12 +38,14 @@ threshold 1, and a revision is kept only when its total is higher.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
+from flax import struct
 
 from jaxrl_llm.config import HeRLSection
-from jaxrl_llm.explore.base import Explorer, LogprobFn, SampleFn, ScoreFn, Setup, StepInfo
+from jaxrl_llm.explore.base import Explorer, Footprint, LogprobFn, SampleFn, ScoreFn, Setup, StepInfo
 from jaxrl_llm.explore.rows import RowPlan, Rollouts
 from jaxrl_llm.rewards.rubrics import rubric_items
 from jaxrl_llm.sampling.buckets import bucket
@@ -109,6 +111,51 @@ def at_temperature(r: Rollouts, temperature: np.ndarray) -> Rollouts:
                                out=dataclasses.replace(r.out, temperature=t))
 
 
+@dataclasses.dataclass(frozen=True)
+class HeRLRun:
+    """What HeRL takes from the run's Setup: HeRLState's static field (explore/base.py)."""
+
+    cfg: HeRLSection
+    instruction: str  # data.instruction, after each question
+    guided_rows: int  # the guided revisions' one sampler row count
+    extra: int  # the most revisions kept a step (contexts of their own under train_on=revise_prompt)
+    moved_rows: int  # the teacher-forced pass's one row count
+    guided_context: int  # the guided revisions' one context bucket: the longest revise prompt and a full draft
+    items: Sequence[Any] = dataclasses.field(default=(), compare=False)  # [P] the training TaskItems
+    prompts: Sequence[Sequence[int]] = dataclasses.field(default=(), compare=False)  # [P] their prompt tokens
+    encode: Callable[[str], list] | None = dataclasses.field(default=None, compare=False)
+
+    def question(self, item: int) -> str:
+        q = self.items[item].question
+        return q + (f"\n{self.instruction}" if self.instruction else "")
+
+    def rubric(self, item: int) -> tuple:
+        text = self.items[item].rubric
+        return rubric_items(text) if text else ()
+
+    def met_of(self, met: np.ndarray, row: int, item: int) -> np.ndarray:
+        """The row's met vector over its item's whole rubric: the step's `met` is as wide as the most
+        items a scored row reported, so items past it (a rubric whose rows all failed to score) are unmet."""
+        out = np.zeros(len(self.rubric(item)), bool)
+        width = min(len(out), met.shape[1])
+        out[:width] = met[row, :width]
+        return out
+
+    def revise_prompt(self, item: int, met: np.ndarray, draft: str) -> str:
+        """The revise prompt of `item` for a draft meeting the rubric items `met`."""
+        rubric = self.rubric(item)
+        return revise_text(self.cfg.revise_template, self.question(item),
+                           [r.description for k, r in enumerate(rubric) if met[k]],
+                           [r.description for k, r in enumerate(rubric) if not met[k]], draft)
+
+
+@struct.dataclass
+class HeRLState:
+    """HeRL keeps no arrays across steps: its state is the run's constants alone."""
+
+    run: HeRLRun = struct.field(pytree_node=False)
+
+
 class HeRL(Explorer):
     name = "herl"
 
@@ -116,57 +163,27 @@ class HeRL(Explorer):
         self.cfg = cfg
         self.instruction = instruction
 
-    def extra_contexts(self) -> int:
-        return self.extra if self.cfg.train_on == "revise_prompt" else 0
-
-    def context_tokens(self) -> int:
-        return self.guided_context if self.cfg.train_on == "revise_prompt" else 0
-
-    def sampling_calls(self) -> list[tuple[int, int]]:
-        return [(self.guided_rows, self.guided_context)]  # the guided revisions, padded to these floors
-
-    def init(self, setup: Setup) -> dict:
+    def init(self, setup: Setup) -> tuple[HeRLState, Footprint]:
         c = self.cfg
         if setup.encode is None:
             raise ValueError("HeRL needs the run's prompt encoder (Setup.encode) to build revise prompts")
-        self.setup = setup
-        self.guided_rows = c.candidate_limit * c.num_guided
-        self.extra = setup.prompts_per_step * c.replace_top_n
-        self.moved_rows = min(setup.rows, bucket(self.extra))  # the teacher-forced pass's one row count
+        guided_rows = c.candidate_limit * c.num_guided
+        extra = setup.prompts_per_step * c.replace_top_n
+        sized = HeRLRun(cfg=c, instruction=self.instruction, guided_rows=guided_rows, extra=extra,
+                        moved_rows=min(setup.rows, bucket(extra)), guided_context=0, items=setup.items,
+                        prompts=setup.prompts, encode=setup.encode)
         # the longest revise prompt: the question and every rubric item listed, plus a draft of a full response
-        longest = max((len(setup.encode(self._revise_text(i, np.ones(self._num_items(i), bool), "")))
+        longest = max((len(setup.encode(sized.revise_prompt(i, np.ones(len(sized.rubric(i)), bool), "")))
                        for i in range(setup.num_items)), default=0)
-        self.guided_context = bucket(longest + setup.max_new_tokens, 16)
-        return {}
-
-    def _question(self, item: int) -> str:
-        q = self.setup.items[item].question
-        return q + (f"\n{self.instruction}" if self.instruction else "")
-
-    def _rubric(self, item: int) -> tuple:
-        text = self.setup.items[item].rubric
-        return rubric_items(text) if text else ()
-
-    def _num_items(self, item: int) -> int:
-        return len(self._rubric(item))
-
-    def _met_of(self, met: np.ndarray, row: int, item: int) -> np.ndarray:
-        """The row's met vector over its item's whole rubric: the step's `met` is as wide as the most
-        items a scored row reported, so items past it (a rubric whose rows all failed to score) are unmet."""
-        out = np.zeros(self._num_items(item), bool)
-        width = min(len(out), met.shape[1])
-        out[:width] = met[row, :width]
-        return out
-
-    def _revise_text(self, item: int, met: np.ndarray, draft: str) -> str:
-        rubric = self._rubric(item)
-        return revise_text(self.cfg.revise_template, self._question(item),
-                           [r.description for k, r in enumerate(rubric) if met[k]],
-                           [r.description for k, r in enumerate(rubric) if not met[k]], draft)
+        run = dataclasses.replace(sized, guided_context=bucket(longest + setup.max_new_tokens, 16))
+        own = c.train_on == "revise_prompt"
+        footprint = Footprint(extra_contexts=run.extra if own else 0, context_tokens=run.guided_context if own else 0,
+                              sampling_calls=((run.guided_rows, run.guided_context),))  # padded to these floors
+        return HeRLState(run=run), footprint
 
     def revise(self, state, rollouts: Rollouts, info: StepInfo, sample: SampleFn, score: ScoreFn,
                logprobs: LogprobFn | None = None) -> tuple[Rollouts, dict]:
-        c, plan = self.cfg, rollouts.plan
+        c, run, plan = self.cfg, state.run, rollouts.plan
         scored = rollouts.scored
         met = rollouts.met if rollouts.met is not None else np.zeros((rollouts.rows, 0), bool)
         failed = failed_groups(plan.group, scored, ~plan.replayed & ~plan.hindsight, c.threshold)
@@ -180,14 +197,14 @@ class HeRL(Explorer):
         contexts = []
         for r in rows:
             item = int(plan.prompt[r])
-            contexts.append(self.setup.encode(self._revise_text(item, self._met_of(met, r, item), rollouts.texts[r])))
+            contexts.append(run.encode(run.revise_prompt(item, run.met_of(met, r, item), rollouts.texts[r])))
         n = len(rows)
         guided = RowPlan(prompt=plan.prompt[rows], group=plan.group[rows],
                          temperature=np.full(n, c.guided_temperature, np.float32), prefix=((),) * n,
                          replayed=np.zeros(n, bool), hindsight=np.ones(n, bool),
                          # keys for the call's fixed row count, cut on the host: no program per n
-                         row_keys=np.asarray(row_key_data(jax.random.fold_in(info.key, 0), self.guided_rows))[:n])
-        out = sample(guided, contexts, min_rows=self.guided_rows, min_context=self.guided_context)
+                         row_keys=np.asarray(row_key_data(jax.random.fold_in(info.key, 0), run.guided_rows))[:n])
+        out = sample(guided, contexts, min_rows=run.guided_rows, min_context=run.guided_context)
         revised = score(guided, out)  # against the ORIGINAL items and rubrics
         rev = revised.scored
         best_rev = rev.reshape(len(cands), c.num_guided).max(axis=1)
@@ -221,12 +238,12 @@ class HeRL(Explorer):
             # a teacher-forced pass of the current policy over the context and temperature it is trained at
             teacher = c.train_on == "original" or c.train_temperature == "rollout"
             if teacher:
-                moved = new.out.with_prompts([self.setup.prompts[int(p)] for p in new.plan.prompt]) \
+                moved = new.out.with_prompts([run.prompts[int(p)] for p in new.plan.prompt]) \
                     if c.train_on == "original" else new.out
                 if logprobs is None:
                     raise ValueError(f"HeRL train_on={c.train_on} train_temperature={c.train_temperature} needs the "
                                      f"trainer's log-prob pass")
-                lp = np.asarray(logprobs(moved, min_rows=self.moved_rows), np.float32)
+                lp = np.asarray(logprobs(moved, min_rows=run.moved_rows), np.float32)
                 moved = dataclasses.replace(moved, logprobs=np.where(moved.response_mask, lp, 0.0).astype(np.float32))
                 new = dataclasses.replace(new, out=moved)
             result = result.replace_rows(np.asarray(victims), new)

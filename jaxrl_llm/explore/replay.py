@@ -145,7 +145,7 @@ def _fmix(x):
     return x ^ (x >> 16)
 
 
-def _fingerprint(tokens_KxT, length_K, prompt_K):
+def fingerprint(tokens_KxT, length_K, prompt_K):
     """[K, 2] uint32: a sum of position-keyed token hashes (wrapping, so order-free and exact), mixed
     with the prompt and length."""
     pos = jnp.arange(tokens_KxT.shape[1], dtype=jnp.uint32)
@@ -180,7 +180,7 @@ def insert(state: ReplayState, tokens_KxT, length_K, prompt_K, prior_K, valid_K,
     prompt = prompt_K.astype(jnp.int32)
     valid = valid_K.astype(bool) & (length >= 1) & (length <= max_tokens)
     tokens = jnp.where(jnp.arange(max_tokens)[None, :] < length[:, None], tokens_KxT, 0).astype(jnp.int32)
-    fp = _fingerprint(tokens, length, prompt)
+    fp = fingerprint(tokens, length, prompt)
 
     stored = (state.length > 0)[None, :] & jnp.all(fp[:, None, :] == state.fingerprint[None, :, :], axis=2)
     hit, slot = _first_match(stored)

@@ -41,8 +41,15 @@ class RowPlan:
     replayed: np.ndarray  # [N] bool: continues a stored prefix state (RRL)
     hindsight: np.ndarray  # [N] bool: a hindsight revision (HeRL)
     row_keys: np.ndarray  # [N, ...] raw key data: row i samples with fold_in(row_keys[i], t)
+    # [N] int32: the replay slot a replayed row continues, -1 for the others. What RRL's observe reads back of
+    # its plan: it travels with the rows, so nothing is held between the phases (default: all -1)
+    replay_slot: np.ndarray | None = None
 
-    _ROW_FIELDS = ("prompt", "group", "temperature", "replayed", "hindsight", "row_keys")
+    _ROW_FIELDS = ("prompt", "group", "temperature", "replayed", "hindsight", "row_keys", "replay_slot")
+
+    def __post_init__(self):
+        if self.replay_slot is None:
+            object.__setattr__(self, "replay_slot", np.full(len(self.group), -1, np.int32))
 
     @classmethod
     def groups(cls, sizes: Sequence[int], temperature, key: jax.Array, prompt_ids=None) -> "RowPlan":
