@@ -4,6 +4,7 @@ table finds the accelerators by their jax device_kind."""
 from __future__ import annotations
 
 import json
+import pytest
 
 from jaxrl_llm.bench.device_check import PEAKS, TINY, main, peaks
 
@@ -14,6 +15,7 @@ def test_peaks_by_device_kind():
     assert peaks("cpu") is None and peaks("Some New Chip") is None
 
 
+@pytest.mark.slow
 def test_quick_device_check_on_cpu(tmp_path, capsys):
     out = tmp_path / "dc.json"
     assert main(["--quick", "--json", str(out)]) == 0

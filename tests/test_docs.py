@@ -1,4 +1,4 @@
-"""The docs: docs/configuration.md is what tools/gen_config_docs.py writes from jaxrl_llm/config.py (every
+"""The docs: docs/configuration.md is what tools/gen_config_docs.py writes from jaxrl_llm/config/sections.py (every
 field, its default and its comment), and every relative link in README.md and docs/ leads to a file and
 heading that exist."""
 
@@ -63,7 +63,7 @@ def test_every_field_with_its_default_type_and_comment(page):
         else:
             shown = yaml.safe_load(cell.strip("`"))
             assert shown == value and type(shown) is type(value), (key, cell, value)
-    # oracle for the descriptions: a plain reading of config.py, each field line's own trailing comment
+    # oracle for the descriptions: a plain reading of config/sections.py, each field line's own trailing comment
     section_of = {cls.__name__: name for name, cls in gen.sections(config.Config)}
     cls_name, seen = None, 0
     for line in gen.SOURCE.read_text().splitlines():

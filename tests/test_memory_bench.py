@@ -7,6 +7,8 @@ import pytest
 from jaxrl_llm.bench.memory import main, report, update_memory
 from jaxrl_llm.config import load_config
 
+pytestmark = pytest.mark.slow  # integration runs: tools/test.sh runs them, `-m "not slow"` leaves them out
+
 TINY = ["model.name=scratch", "model.scratch={hidden_size: 32, intermediate_size: 64, num_layers: 1, num_heads: 2, "
         "num_kv_heads: 2, head_dim: 16, max_position_embeddings: 96, tie_embeddings: true}",
         "data.max_prompt_len=40", "rollout.prompts_per_step=4", "rollout.group_size=16", "rollout.max_new_tokens=3"]

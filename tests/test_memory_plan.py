@@ -1,4 +1,4 @@
-"""Memory planning (parallel/memory_plan.py): the plan's figures against what a run allocates, and the
+"""Memory planning (plan/memory.py): the plan's figures against what a run allocates, and the
 refusal of configs that cannot fit, with settings that do."""
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.config import load_config
-from jaxrl_llm.parallel.memory_plan import MemoryPlanError, _size, check, kv_cache_bytes, plan
+from jaxrl_llm.plan.memory import MemoryPlanError, check, format_size, kv_cache_bytes, plan
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).parent))
 SCRATCH = ("model.scratch={hidden_size: 256, intermediate_size: 1024, num_layers: 2, num_heads: 4, num_kv_heads: 2, "
            "head_dim: 64, max_position_embeddings: 256, tie_embeddings: true}")
 BASE = ["model.name=scratch", SCRATCH, "data.max_prompt_len=64", "rollout.prompts_per_step=4", "rollout.group_size=16",
@@ -30,14 +29,15 @@ import gc, json, sys
 import numpy as np
 import jax, jax.numpy as jnp
 from flax import nnx
-from jaxrl_llm.bench.memory import _worst_case_rows, model_config
+from jaxrl_llm.plan.program import model_config
+from jaxrl_llm.plan.shapes import config_shapes
 from jaxrl_llm.config import load_config
 from jaxrl_llm.model.transformer import init_model
-from jaxrl_llm.parallel.memory_plan import plan
+from jaxrl_llm.plan.memory import plan
 from jaxrl_llm.parallel.mesh import make_mesh
 from jaxrl_llm.parallel.rules import shard_state
 from jaxrl_llm.rl.update import init_optimizer, make_optimizer, make_update
-from jaxrl_llm.train.loop import _coefs, minibatch, rl_update_spec
+from jaxrl_llm.rl.spec import loss_coefs, update_spec
 
 def status(key):
     for line in open("/proc/self/status"):
@@ -53,21 +53,21 @@ params = shard_state(state, mesh)
 optimizer = make_optimizer(cfg.optim.lr)
 opt_state = init_optimizer(optimizer, params, mesh)
 live = sum(x.nbytes for x in jax.tree.leaves((params, opt_state)))
-rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size
-batch = minibatch(cfg, _worst_case_rows(cfg, mc), np.arange(rows))
-update = make_update(graphdef, rl_update_spec(cfg), optimizer, params, opt_state, mesh)
+batch = config_shapes(cfg, mc).worst_case_minibatch(cfg)  # all rows: one minibatch
+update = make_update(graphdef, update_spec(cfg), optimizer, params, opt_state, mesh)
 warm = jax.tree.map(jnp.copy, (params, opt_state))
-jax.block_until_ready(update(*warm, batch, _coefs(cfg)))  # compiles
+jax.block_until_ready(update(*warm, batch, loss_coefs(cfg)))  # compiles
 del warm
 gc.collect()
 before = status("VmRSS")
 open("/proc/self/clear_refs", "w").write("5")
-jax.block_until_ready(update(params, opt_state, batch, _coefs(cfg)))
+jax.block_until_ready(update(params, opt_state, batch, loss_coefs(cfg)))
 print(json.dumps({"measured": status("VmHWM") - before, "planned": p.update_peak - p.params - p.optimizer,
                   "state_planned": p.params + p.optimizer, "state_live": live}))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc peak-RSS reset")
 @pytest.mark.parametrize("extra", [["algo.micro_batch=64"], ["algo.micro_batch=16"],
                                    ["rollout.shared_prefix=false", "algo.micro_batch=32"]],
@@ -89,7 +89,7 @@ def test_update_memory_matches_measured_peak_on_cpu(extra):
 def test_kv_cache_is_the_samplers_cache_by_brute_force():
     """The plan's KV cache against the sampler's own cache arrays for the largest step (eval_shape, per device
     on 8 fake devices: rows over data, kv heads whole)."""
-    from jaxrl_llm.bench.memory import model_config
+    from jaxrl_llm.plan.program import model_config
     from jaxrl_llm.model.transformer import KVCache
     from jaxrl_llm.parallel.mesh import make_mesh
     from jaxrl_llm.sampling.sampler import Sampler
@@ -112,6 +112,7 @@ def test_kv_cache_is_the_samplers_cache_by_brute_force():
     assert kv_cache_bytes(cfg, mc, mesh, calls=[(4, 20)]) == total // 8
 
 
+@pytest.mark.slow
 def test_a_config_that_cannot_fit_is_refused_with_settings_that_fit():
     cfg = load_config(None, BASE + ["algo.micro_batch=64"])
     p = plan(cfg)
@@ -142,11 +143,12 @@ def test_bench_memory_plan_prints_the_plan_for_a_machine_that_is_not_here(capsys
     assert main(["--plan", *args, "train.device_memory_gib=1000"]) == 0
     out = capsys.readouterr().out
     assert "1000.00 GiB each from train.device_memory_gib" in out and out.rstrip().endswith("fits")
-    assert f"peak            {_size(p.peak)}" in out
+    assert f"peak            {format_size(p.peak)}" in out
     assert main(["--plan", *args, f"train.device_memory_gib={small}"]) == 1
     assert "does not fit: algo.micro_batch=" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_fsdp_divides_the_state_and_is_suggested_when_it_fits():
     """On 8 fake devices: the per-device parameters and optimizer state under fsdp 8 are the whole model's / 8
     (to the largest shard), and a device that holds only the sharded state gets mesh.fsdp suggested."""
@@ -160,8 +162,9 @@ def test_fsdp_divides_the_state_and_is_suggested_when_it_fits():
               log=lambda m: None)
 
 
+@pytest.mark.slow
 def test_the_trainer_refuses_before_allocating(tmp_path):
-    from test_trainer import _tiny_cfg
+    from tests.helpers import _tiny_cfg
 
     from jaxrl_llm.train.loop import Run
 
@@ -172,12 +175,13 @@ def test_the_trainer_refuses_before_allocating(tmp_path):
     assert not (tmp_path / "run" / "checkpoints").exists()  # refused before the run set anything up
 
 
+@pytest.mark.slow
 def test_a_planned_run_trains_exactly_as_an_unplanned_one(tmp_path):
     """With the plan on, the first step runs the update program the plan compiled ahead of time: every metric
     and parameter equals the run without the plan."""
     import jax
     from flax import nnx
-    from test_trainer import _tiny_cfg, _train_rows
+    from tests.helpers import _tiny_cfg, _train_rows
 
     from jaxrl_llm.train.loop import Run
 

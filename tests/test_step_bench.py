@@ -3,15 +3,12 @@ micro-batch when asked, and the FLOP counts follow the batch shapes."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_trainer import _tiny_cfg  # noqa: E402
+from jaxrl_llm.bench.step_bench import bench, table
+from tests.helpers import _tiny_cfg
 
-from jaxrl_llm.bench.step_bench import bench, table  # noqa: E402
+pytestmark = pytest.mark.slow  # integration runs: tools/test.sh runs them, `-m "not slow"` leaves them out
 
 
 def test_step_bench_layouts_and_flops(tmp_path):

@@ -23,7 +23,7 @@ def main(argv=None) -> int:
     import jax
     from flax import nnx
 
-    from jaxrl_llm.bench.memory import model_config
+    from jaxrl_llm.plan.program import model_config
     from jaxrl_llm.config import load_config
     from jaxrl_llm.model.transformer import init_model
     from jaxrl_llm.parallel.mesh import make_mesh

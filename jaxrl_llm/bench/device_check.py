@@ -107,8 +107,8 @@ def update_check(shape: dict, prompts: int, group: int, ctx: int, new: int, repe
     from jaxrl_llm.parallel.rules import shard_state
     from jaxrl_llm.rl.batch import RowBatch, positions
     from jaxrl_llm.rl.layout import shared_layout
+    from jaxrl_llm.rl.spec import loss_coefs
     from jaxrl_llm.rl.update import UpdateSpec, init_optimizer, make_optimizer, make_update
-    from jaxrl_llm.train.loop import _coefs
 
     cfg = ModelConfig(**shape, param_dtype="float32")
     mesh = make_mesh({"data": -1})
@@ -127,7 +127,7 @@ def update_check(shape: dict, prompts: int, group: int, ctx: int, new: int, repe
     batch = shared_layout(rows, np.arange(n), group)
     spec = UpdateSpec(layout="shared", compute_dtype="bfloat16")
     update = make_update(graphdef, spec, optimizer, params, opt_state, mesh)
-    coefs = _coefs(load_config(None, [f"rollout.max_new_tokens={new}"]))  # the default config's loss coefficients
+    coefs = loss_coefs(load_config(None, [f"rollout.max_new_tokens={new}"]))  # the default config's loss coefficients
     fresh = lambda: (jax.tree.map(jnp.copy, params), jax.tree.map(jnp.copy, opt_state))  # noqa: E731
     jax.block_until_ready(update(*fresh(), batch, coefs))  # compiles
     times = []

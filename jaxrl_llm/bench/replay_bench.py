@@ -30,7 +30,7 @@ def full_state(capacity: int, prefix: int, prompts: int, seed: int = 0) -> rp.Re
     tokens[np.arange(prefix)[None, :] >= length[:, None]] = 0
     prompt = rng.integers(0, prompts, capacity).astype(np.int32)
     s = rp.empty(capacity, prefix)
-    fp = rp._fingerprint(jnp.asarray(tokens), jnp.asarray(length), jnp.asarray(prompt))
+    fp = rp.fingerprint(jnp.asarray(tokens), jnp.asarray(length), jnp.asarray(prompt))
     return s.replace(tokens=jnp.asarray(tokens), length=jnp.asarray(length), prompt=jnp.asarray(prompt),
                      value_sum=jnp.asarray(rng.random(capacity, np.float32) * 3),
                      visits=jnp.asarray(rng.integers(0, 4, capacity).astype(np.float32)),

@@ -69,17 +69,18 @@ def _update_positions(batch, shared: bool) -> tuple[int, int]:
 
 def bench(cfg, repeats: int, log=print, unshared_micro_batch: int | None = None) -> dict:
     import jax
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
 
-    from jaxrl_llm.rl.update import batch_shardings, init_optimizer, make_update, shardings_of, update_fn
-    from jaxrl_llm.sampling.sampler import Sampler
-    from jaxrl_llm.train.loop import PHASE_ROLLOUT, Run, _coefs, minibatch, rl_update_spec
+    from jaxrl_llm.plan.program import analyse_update
     from jaxrl_llm.rl.batch import shapes
+    from jaxrl_llm.rl.spec import loss_coefs, minibatch, rows_per_update, update_spec
+    from jaxrl_llm.rl.update import init_optimizer, make_update
+    from jaxrl_llm.sampling.sampler import Sampler
+    from jaxrl_llm.train.loop import Run
     from jaxrl_llm.train.rollout import collect, update_rows
+    from jaxrl_llm.train.state import PHASE_ROLLOUT
 
     run = Run(cfg, log=log)
-    per_minibatch = run.rows // cfg.algo.minibatches
+    per_minibatch = rows_per_update(cfg)
     if unshared_micro_batch is not None and (unshared_micro_batch < 1 or per_minibatch % unshared_micro_batch):
         raise ValueError(f"--unshared-micro-batch {unshared_micro_batch} must divide the {per_minibatch} rows of "
                          "a minibatch")
@@ -89,6 +90,7 @@ def bench(cfg, repeats: int, log=print, unshared_micro_batch: int | None = None)
     idx = np.arange(per_minibatch)
     out: dict = {"config": cfg.train.out_dir, "rows": run.rows, "matmul_gflops": matmul_gflops()}
     tokens_seen = None
+    coefs = loss_coefs(cfg)
     with run.reward_pool() as pool:
         for shared in (True, False):
             name = "shared" if shared else "unshared"
@@ -110,38 +112,29 @@ def bench(cfg, repeats: int, log=print, unshared_micro_batch: int | None = None)
             if not shared and unshared_micro_batch:
                 ucfg = dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, micro_batch=unshared_micro_batch))
             batch = minibatch(ucfg, full, idx, shared)
-            spec = rl_update_spec(ucfg, shared)
+            spec = update_spec(ucfg, shared)
             policy = run.state.params
             ref = (policy,) if spec.use_kl else ()  # the reference at the start of RL: the policy itself
             opt_state = init_optimizer(run.optimizer, policy, run.mesh)
             update = make_update(graphdef, spec, run.optimizer, policy, opt_state, run.mesh)
-            fresh = lambda: (jax.tree.map(lambda x: x.copy(), policy), jax.tree.map(lambda x: x.copy(), opt_state))  # noqa: E731
+            # the program the timed calls run, compiled ahead, with XLA's analyses
+            mem = analyse_update(update, ucfg, policy, opt_state, batch, shared)
+            copy = lambda tree: jax.tree.map(lambda x: x.copy(), tree)  # noqa: E731
+            fresh = lambda: (copy(policy), copy(opt_state))  # noqa: E731
             p, o = fresh()
-            jax.block_until_ready(update(p, o, batch, _coefs(cfg), *ref))  # compiles
+            jax.block_until_ready(update(p, o, batch, coefs, *ref))
             update_s = []
             for _ in range(repeats):
                 p, o = fresh()
                 jax.block_until_ready(p)
-                update_s.append(_timed(lambda: jax.block_until_ready(update(p, o, batch, _coefs(cfg), *ref))))
-            # the same program, lowered for XLA's analyses
-            sh = batch_shardings(run.mesh, spec, batch)
-            replicated = NamedSharding(run.mesh, P())
-            param_sh = shardings_of(policy)
-            compiled = jax.jit(lambda p, o, b, c, *r: update_fn(graphdef, spec, run.optimizer, p, o, b, c, *r),
-                               in_shardings=(param_sh, shardings_of(opt_state), sh, replicated) + (param_sh,) * len(ref),
-                               donate_argnums=(0, 1)).lower(
-                policy, opt_state, jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype), batch),
-                {k: jax.ShapeDtypeStruct((), np.float32) for k in _coefs(cfg)}, *ref).compile()
-            mem = compiled.memory_analysis()
-            peak = mem.argument_size_in_bytes + mem.temp_size_in_bytes + mem.output_size_in_bytes \
-                - mem.alias_size_in_bytes
+                update_s.append(_timed(lambda: jax.block_until_ready(update(p, o, batch, coefs, *ref))))
             body, head = _update_positions(batch, shared)
             on = rollouts.out
             contexts = len({tuple(ids) for _, ids in prompts}) if shared else run.rows  # rows prefilled
             prefill = contexts * sampler.shapes(run.rows, int(on.context_len.max()), cfg.rollout.max_new_tokens)[1]
             decoded = int(on.num_generated.sum())
             r = {"sample_s": min(sample_s), "reward_s": min(reward_s), "update_s": min(update_s),
-                 "update_peak_gib": peak / _GIB, "update_temp_gib": mem.temp_size_in_bytes / _GIB,
+                 "update_peak_gib": mem.peak / _GIB, "update_temp_gib": mem.memory.temp_size_in_bytes / _GIB,
                  "update_positions": body, "update_head_positions": head,
                  "update_model_gflop": _model_flops(model_cfg, body, head, 3) / 1e9,
                  "sample_model_gflop": _model_flops(model_cfg, prefill + decoded, run.rows + decoded, 1) / 1e9,

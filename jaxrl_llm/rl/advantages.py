@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-ESTIMATORS = ("grpo", "drgrpo", "rloo")
+from jaxrl_llm.config.choices import ADVANTAGE_ESTIMATORS as ESTIMATORS
 
 
 def group_advantages(rewards_N, group_N, valid_N, *, estimator: str, num_groups: int | None = None):

@@ -11,10 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-# Only estimators whose gradient pulls the policy toward the reference. k1 (logp - ref_logp) as a loss
-# term has gradient kl_coef * grad logp, zero in expectation on-policy: it is refused (config.py says so).
-KL_ESTIMATORS = ("k2", "k3")
+from jaxrl_llm.config.choices import KL_ESTIMATORS, LOSS_AGGREGATIONS as AGGREGATIONS  # noqa: F401
 
 
 def token_logprobs(logits_NLV, targets_NL, temperature_N):

@@ -231,22 +231,26 @@ def make_update(graphdef, spec: UpdateSpec, optimizer, params, opt_state, mesh: 
         batch_sh = batch_shardings(mesh, spec, batch)
         batch = hosts.put_tree(batch, batch_sh)
         coefs = {k: jnp.asarray(v, jnp.float32) for k, v in coefs.items()}
-        ahead = compiled.get(_shape_key(batch))  # compiled ahead of time (memory_analysis) for this shape
+        ahead = compiled.get(_shape_key(batch))  # compiled ahead of time (`compile`) for this shape
         return (ahead or program(batch_sh))(params, opt_state, batch, coefs, *((ref_params,) if spec.use_kl else ()))
 
-    def memory_analysis(params, opt_state, batch, coefs):
-        """XLA's memory analysis of the program `run` compiles for batches shaped like `batch` (numpy or
-        ShapeDtypeStructs; params / opt_state may be abstract, with their shardings). Compiled ahead of time
-        through the same jit, so a later call of that shape reuses the program instead of compiling it."""
+    def lower(params, opt_state, batch, coefs) -> jax.stages.Lowered:
+        """The program `run` compiles for batches shaped like `batch` (numpy or ShapeDtypeStructs; params /
+        opt_state may be abstract, with their shardings), lowered with abstract arguments: nothing allocated."""
         batch_sh = batch_shardings(mesh, spec, batch)
         spec_of = lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)  # noqa: E731
         abstract = lambda tree, sh: jax.tree.map(spec_of, tree, sh)  # noqa: E731
         c = {k: jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated) for k in coefs}
         args = (abstract(params, param_sh), abstract(opt_state, opt_sh), abstract(batch, batch_sh), c)
-        ahead = compiled[_shape_key(batch)] = program(batch_sh).lower(*args, *((args[0],) if spec.use_kl else ())).compile()
-        return ahead.memory_analysis()
+        return program(batch_sh).lower(*args, *((args[0],) if spec.use_kl else ()))
 
-    run.memory_analysis = memory_analysis
+    def compile(lowered: jax.stages.Lowered, batch, ahead: jax.stages.Compiled | None = None) -> jax.stages.Compiled:
+        """`lowered` (from `lower` for batches like `batch`) compiled ahead of time, or `ahead` (the same program,
+        by its text, compiled before): later calls of that shape run it instead of compiling the program again."""
+        ahead = compiled[_shape_key(batch)] = ahead or lowered.compile()
+        return ahead
+
+    run.lower, run.compile = lower, compile
     return run
 
 

@@ -41,14 +41,14 @@ from jaxrl_llm.model.tokenizer import pad_id, stop_ids
 from jaxrl_llm.rewards.judge import Judge, judge_items, load_judge, sampler_generate
 from jaxrl_llm.rewards.pool import RewardPool
 from jaxrl_llm.rewards.rubrics import rubric_items
+from jaxrl_llm.rewards.scoring import Scores
 from jaxrl_llm.rl.forward import cast_floats
 from jaxrl_llm.sampling.sampler import Sampler
 from jaxrl_llm.train.evaluate import EVAL_KS, Rounds, sample_graded
-from jaxrl_llm.train.loop import PHASE_EVAL
+from jaxrl_llm.train.state import PHASE_EVAL
 from jaxrl_llm.train.metrics import pass_at_k, replace_text
 from jaxrl_llm.train.policy import encode_items
 from jaxrl_llm.train.restore import Loaded
-from jaxrl_llm.train.rollout import Scores
 
 SAMPLED = ("accuracy", "reward_mean", "never_solved_share")
 

@@ -1,5 +1,5 @@
 """Held-out evaluation: greedy accuracy, sampled accuracy, unbiased pass@k, mean response length, and
-the share of problems no sample solved. Solved is what train/rollout.py's Scores say (the built-in scorer's full
+the share of problems no sample solved. Solved is what rewards/scoring.py's Scores say (the built-in scorer's full
 marks, or reward.correctness); with reward functions each component's mean is `greedy_reward/<name>` and
 `sampled_reward/<name>`, beside `greedy_reward_fn_errors` / `sampled_reward_fn_errors` (failed calls).
 
@@ -30,12 +30,12 @@ import jax
 import numpy as np
 
 from jaxrl_llm.config import Config
+from jaxrl_llm.rewards.scoring import Scores, score_parts
+from jaxrl_llm.train.metrics import PASS_KS as EVAL_KS
 from jaxrl_llm.train.metrics import pass_at_k
 from jaxrl_llm.train.policy import encode_text
 from jaxrl_llm.train.revise_eval import Answers, RevisePrompts, call_shape, eval_prompts, run_rounds, widen
-from jaxrl_llm.train.rollout import Scores, response_texts, score_parts
-
-EVAL_KS = (1, 2, 4, 8, 16)
+from jaxrl_llm.train.rollout import response_texts
 
 
 def sample_scored(sampler, params, pool, tok, cfg, items, rows, temperature, key, judge=None):

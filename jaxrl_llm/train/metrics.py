@@ -22,9 +22,7 @@ import jax
 import numpy as np
 
 
-def solved(rewards: np.ndarray) -> np.ndarray:
-    """Rows whose reward is full marks: what accuracy, pass@k and strict rewards count."""
-    return rewards >= 1.0 - 1e-6
+PASS_KS = (1, 2, 4, 8, 16)  # the k of pass@k that steps and evaluations report (where groups have k rows)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -34,7 +32,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def group_stats(correct_N: np.ndarray, group_N: np.ndarray, ks=(1, 2, 4, 8, 16)) -> dict:
+def group_stats(correct_N: np.ndarray, group_N: np.ndarray, ks=PASS_KS) -> dict:
     """pass@k over the groups of at least k rows (groups vary in size under E3), and the share of
     all-wrong / all-right groups."""
     groups = [correct_N[group_N == g] for g in np.unique(group_N)]

@@ -11,7 +11,8 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jaxrl_llm.config import Config
-from jaxrl_llm.data.tasks import TaskItem, prompt_messages
+from jaxrl_llm.data.tasks import prompt_messages
+from jaxrl_llm.data.types import TaskItem
 from jaxrl_llm.model.config import ModelConfig
 from jaxrl_llm.model.hf_io import load_hf_folder
 from jaxrl_llm.model.registry import resolve

@@ -31,11 +31,11 @@ from typing import Callable, Sequence
 import numpy as np
 
 from jaxrl_llm.config import Config
-from jaxrl_llm.data.tasks import TaskItem
+from jaxrl_llm.data.types import TaskItem
 from jaxrl_llm.explore.herl import revise_text
 from jaxrl_llm.rewards.rubrics import rubric_items
 from jaxrl_llm.sampling.buckets import bucket
-from jaxrl_llm.train.metrics import solved
+from jaxrl_llm.rewards.scoring import solved
 
 TIE = 1e-6  # rewards closer than this count as unchanged
 

@@ -14,6 +14,14 @@ from typing import Any
 
 import jax
 
+# the trainer's key phases (explorers' own start at 16: explore/base.py KEY_PHASE)
+PHASE_ROLLOUT, PHASE_EVAL, PHASE_SFT, PHASE_MINIBATCH = 1, 2, 3, 4
+
+
+def phase_key(root: jax.Array, phase: int, step: int) -> jax.Array:
+    """fold_in(root, phase, step): a resumed run draws the same numbers as an uninterrupted one."""
+    return jax.random.fold_in(jax.random.fold_in(root, phase), step)
+
 
 def _arrays(**kw):
     return dataclasses.field(metadata={"arrays": True}, **kw)

@@ -5,7 +5,7 @@ Per device, for the config and mesh:
     parameters, optimizer state, KL reference   exact, from their shardings (nothing allocated)
     gradients                                    float32, one copy (two when micro-batches accumulate)
     update activations                           XLA's memory analysis of the compiled (never run) update
-                                                 program at the trainer's largest batch (bench/memory.py),
+                                                 program at the trainer's largest batch (plan/program.py),
                                                  its temporaries less the gradients
     KV cache                                     the sampler's cache for a step's rows at their largest
                                                  (every prompt data.max_prompt_len tokens, every response
@@ -20,6 +20,10 @@ plan's peak is the larger. `check` refuses a config whose peak exceeds the devic
 settings that would make it fit: a smaller algo.micro_batch (activations scale with the rows of a
 micro-batch), a larger mesh.fsdp (parameters, optimizer state and gradients divide by it), and
 model.remat on GPU / TPU.
+
+`memory_plan` is a pure function of the run's shapes (plan/shapes.py), its abstract state, the update
+program's memory analysis and the devices' capacity; the trainer calls it before it allocates the
+optimizer state or a sampler cache, `plan` makes them all for a config (benchmarks).
 
 Device memory is what the device reports (`memory_stats()["bytes_limit"]`: GPU, TPU) or, on CPU, the
 host's RAM divided among the process's devices; `train.device_memory_gib` overrides it.
@@ -76,7 +80,7 @@ class MemoryPlan:
         return self.peak <= self.usable
 
     def report(self) -> str:
-        g = _size
+        g = format_size
         lines = [f"memory plan per device ({self.devices} {self.platform} device(s), mesh {self.mesh}; "
                  f"{g(self.capacity)} each from {self.capacity_source}, {HEADROOM:.0%} usable):",
                  f"  parameters      {g(self.params)}", f"  optimizer       {g(self.optimizer)}"]
@@ -93,7 +97,7 @@ class MemoryPlan:
         return "\n".join(lines)
 
 
-def _size(b: int) -> str:
+def format_size(b: int) -> str:
     return f"{b / _GIB:.2f} GiB" if b >= _GIB / 10 else f"{b / 2 ** 20:.1f} MiB"
 
 
@@ -139,13 +143,13 @@ def kv_cache_bytes(cfg, model_cfg, mesh, prefill: int | None = None, calls=()) -
     import numpy as np
 
     from jaxrl_llm.parallel.rules import DEFAULT_RULES
+    from jaxrl_llm.rl.spec import rows_per_step
     from jaxrl_llm.sampling.buckets import bucket
     from jaxrl_llm.sampling.sampler import Sampler
 
     sampler = Sampler(None, pad_id=0, max_cache_len=model_cfg.max_position_embeddings)
     max_new = min(cfg.rollout.max_new_tokens, sampler.max_cache_len - 1)  # the sampler's per-row clamp
-    rows, prefill, slots = sampler.shapes(cfg.rollout.prompts_per_step * cfg.rollout.group_size,
-                                          prefill or cfg.data.max_prompt_len, max_new)
+    rows, prefill, slots = sampler.shapes(rows_per_step(cfg), prefill or cfg.data.max_prompt_len, max_new)
     contexts = bucket(cfg.rollout.prompts_per_step) if cfg.rollout.shared_prefix else rows
     dtype = np.dtype(cfg.model.compute_dtype).itemsize  # sampling runs in the compute dtype
     kv = model_cfg.num_kv_heads // _axis_share(mesh, DEFAULT_RULES["kv_heads"], model_cfg.num_kv_heads)
@@ -157,55 +161,56 @@ def kv_cache_bytes(cfg, model_cfg, mesh, prefill: int | None = None, calls=()) -
     return max(sizes)
 
 
-def plan(cfg, model_cfg=None, *, update=None, prefill: int | None = None, calls=()) -> MemoryPlan:
-    """The plan for `cfg` on the devices JAX finds (allocates nothing). `update`: (XLA memory analysis,
-    micro-batches, rows per micro-batch) of the trainer's own update program (train/loop.py compiles it ahead
-    of its first step); None compiles one here for the trainer's largest batch (bench/memory.py). `prefill`:
-    the sampler's context bucket (default: that of data.max_prompt_len); `calls`: explorers' own sampler calls
-    (kv_cache_bytes)."""
+def memory_plan(cfg, model_cfg, mesh, shapes, params, opt_state, update, capacity: tuple[int, str]) -> MemoryPlan:
+    """The plan of a run of `cfg` on `mesh` (pure: allocates and compiles nothing). `shapes`: the run's
+    plan/shapes.py RunShapes; `params`, `opt_state`: its state, arrays or ShapeDtypeStructs with their shardings;
+    `update`: plan/program.py's analysis of its update program; `capacity`: (bytes per device, whence)."""
     import jax
     import numpy as np
 
-    from jaxrl_llm.bench.memory import abstract_state, model_config, update_memory
-    from jaxrl_llm.parallel.mesh import make_mesh
     from jaxrl_llm.parallel.rules import DEFAULT_RULES
+    from jaxrl_llm.plan.program import peak_bytes
     from jaxrl_llm.sampling.buckets import bucket
 
-    model_cfg = model_cfg or model_config(cfg)
-    mesh = make_mesh({"data": cfg.mesh.data, "fsdp": cfg.mesh.fsdp, "tensor": cfg.mesh.tensor})
-    _, params, _, opt = abstract_state(cfg, model_cfg, mesh)
-    param_bytes, opt_bytes = _per_device_bytes(params), _per_device_bytes(opt)
+    param_bytes, opt_bytes = _per_device_bytes(params), _per_device_bytes(opt_state)
     f32_params = _per_device_bytes(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, np.float32,
                                                                                sharding=x.sharding), params))
-    if update is None:
-        r = update_memory(cfg, model_cfg, devices=int(mesh.devices.size))
-        update = (None, r["micro_batches"], r["rows_per_micro_batch"])
-        temp, peak = r["temp_bytes"], r["peak_bytes"]
-    else:
-        m = update[0]
-        temp = m.temp_size_in_bytes
-        peak = m.argument_size_in_bytes + m.temp_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
-    _, micro_batches, micro_rows = update
-    grads = f32_params * (2 if micro_batches > 1 else 1)
+    temp = update.memory.temp_size_in_bytes
+    grads = f32_params * (2 if update.micro_batches > 1 else 1)
     copy = 0
     if cfg.model.compute_dtype != cfg.model.param_dtype:
         copy = param_bytes * np.dtype(cfg.model.compute_dtype).itemsize // np.dtype(cfg.model.param_dtype).itemsize
-    rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size
-    logits = 3 * bucket(rows) * model_cfg.vocab_size * 4 // _axis_share(mesh, DEFAULT_RULES["batch"], bucket(rows))
-    capacity, source = device_capacity(list(mesh.devices.flat), cfg.train.device_memory_gib)
+    rows = bucket(shapes.rows)
+    logits = 3 * rows * model_cfg.vocab_size * 4 // _axis_share(mesh, DEFAULT_RULES["batch"], rows)
     return MemoryPlan(devices=int(mesh.devices.size), platform=mesh.devices.flat[0].platform, mesh=dict(mesh.shape),
-                      capacity=capacity, capacity_source=source, params=param_bytes, optimizer=opt_bytes,
+                      capacity=capacity[0], capacity_source=capacity[1], params=param_bytes, optimizer=opt_bytes,
                       reference=param_bytes if cfg.algo.kl_coef > 0 else 0, sampling_copy=copy, gradients=grads,
-                      activations=max(temp - grads, 0), update_peak=peak,
-                      kv_cache=kv_cache_bytes(cfg, model_cfg, mesh, prefill, calls), sampler_logits=logits,
-                      micro_batch=int(micro_rows), micro_batches=int(micro_batches),
-                      remat=bool(cfg.model.remat))
+                      activations=max(temp - grads, 0), update_peak=peak_bytes(update.memory),
+                      kv_cache=kv_cache_bytes(cfg, model_cfg, mesh, shapes.prefill, shapes.sampling_calls),
+                      sampler_logits=logits, micro_batch=int(update.rows_per_micro_batch),
+                      micro_batches=int(update.micro_batches), remat=bool(cfg.model.remat))
+
+
+def plan(cfg, model_cfg=None) -> MemoryPlan:
+    """The plan for a plain run of `cfg` (prompts up to data.max_prompt_len, no explorers) on the devices JAX
+    finds: its update compiled (never run) from abstract state, nothing allocated."""
+    from jaxrl_llm.parallel.mesh import make_mesh
+    from jaxrl_llm.plan.program import config_update, model_config
+    from jaxrl_llm.plan.shapes import config_shapes
+
+    model_cfg = model_cfg or model_config(cfg)
+    mesh = make_mesh({"data": cfg.mesh.data, "fsdp": cfg.mesh.fsdp, "tensor": cfg.mesh.tensor})
+    _, params, opt_state, update = config_update(cfg, model_cfg, mesh)
+    return memory_plan(cfg, model_cfg, mesh, config_shapes(cfg, model_cfg), params, opt_state, update,
+                       device_capacity(list(mesh.devices.flat), cfg.train.device_memory_gib))
 
 
 def suggestions(p: MemoryPlan, cfg) -> list[str]:
     """Settings that would bring the plan under the devices' usable memory, each estimated on its own."""
     out = []
-    rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size // cfg.algo.minibatches
+    from jaxrl_llm.rl.spec import rows_per_update
+
+    rows = rows_per_update(cfg)
     m = cfg.algo.micro_batch
     while m > 1:  # activations scale with the rows of a micro-batch
         m //= 2
@@ -216,7 +221,8 @@ def suggestions(p: MemoryPlan, cfg) -> list[str]:
         scaled = dataclasses.replace(p, activations=act, gradients=p.gradients + more,
                                      update_peak=p.update_peak - p.activations + act + more)
         if scaled.fits:
-            out.append(f"algo.micro_batch={m} (update peak about {_size(scaled.update_peak + scaled.sampling_copy)})")
+            peak = format_size(scaled.update_peak + scaled.sampling_copy)
+            out.append(f"algo.micro_batch={m} (update peak about {peak})")
             break
     tensor = max(cfg.mesh.tensor, 1)
     for f in (2, 4, 8, 16, 32, 64, 128, 256):  # parameters, optimizer state and gradients divide by fsdp
@@ -228,53 +234,24 @@ def suggestions(p: MemoryPlan, cfg) -> list[str]:
                                      reference=part(p.reference), sampling_copy=part(p.sampling_copy),
                                      gradients=part(p.gradients), update_peak=p.update_peak - in_update + part(in_update))
         if scaled.fits:
-            out.append(f"mesh.fsdp={f} with mesh.data={p.devices // f // tensor} (peak about {_size(scaled.peak)})")
+            out.append(f"mesh.fsdp={f} with mesh.data={p.devices // f // tensor} "
+                       f"(peak about {format_size(scaled.peak)})")
             break
     if not p.remat and p.platform != "cpu":
         out.append("model.remat=true (recomputes each layer's activations in the backward pass)")
     return out
 
 
-def check(cfg, log=print, model_cfg=None, **plan_args) -> MemoryPlan:
-    """Print the plan; raise MemoryPlanError when it does not fit."""
-    p = plan(cfg, model_cfg, **plan_args)
+def check(cfg, log=print, model_cfg=None, plan_made: MemoryPlan | None = None) -> MemoryPlan:
+    """Print the plan (`plan_made`, or `plan(cfg, model_cfg)`); raise MemoryPlanError when it does not fit."""
+    p = plan_made or plan(cfg, model_cfg)
     log(p.report())
     if not p.fits:
         tips = suggestions(p, cfg)
         raise MemoryPlanError(
-            f"this config needs about {_size(p.peak)} per device, more than the {_size(p.usable)} "
+            f"this config needs about {format_size(p.peak)} per device, more than the {format_size(p.usable)} "
             f"usable of each of the {p.devices} {p.platform} device(s) found ({HEADROOM:.0%} of "
-            f"{_size(p.capacity)}, {p.capacity_source}). "
+            f"{format_size(p.capacity)}, {p.capacity_source}). "
             + ("Settings that would fit: " + "; or ".join(tips) if tips else
                "No single setting here makes it fit: use more or larger devices, or a smaller model") + ".")
     return p
-
-
-def check_run(run, params, longest: int) -> MemoryPlan:
-    """`check` for a train/loop.py Run being built (its parameters placed, nothing else allocated), its update
-    figure from XLA's analysis of the run's OWN update program for a step of the likeliest largest shape: the
-    longest prompt (`longest` tokens), every response rollout.max_new_tokens long, laid out as the trainer lays
-    out its steps. Compiled ahead of time through the run's update, so a first step of that shape runs it."""
-    import jax
-    import numpy as np
-
-    from jaxrl_llm.bench.memory import _worst_case_rows
-    from jaxrl_llm.rl.update import abstract_optimizer_state
-    from jaxrl_llm.train.loop import _coefs, minibatch, rl_update_spec
-
-    cfg = run.cfg
-    max_new = min(cfg.rollout.max_new_tokens, run.sampler.max_cache_len - 1)
-    _, prefill, width = run.sampler.shapes(run.rows, longest, max_new)
-    rows = _worst_case_rows(cfg, run.policy.model_cfg, context=longest, width=width)
-    per_update = run.rows // cfg.algo.minibatches
-    batch = minibatch(cfg, rows, np.arange(per_update) * cfg.algo.minibatches, min_group=run.min_group,
-                      extra_contexts=run.extra_contexts, min_context=run.min_context)
-    analysis = run.update.memory_analysis(params, abstract_optimizer_state(run.optimizer, params, run.mesh),
-                                          batch, _coefs(cfg))
-    if cfg.rollout.shared_prefix:  # [micro-batches, rows, tokens]
-        micro = batch.tokens.shape[:2]
-    else:
-        spec = rl_update_spec(cfg)
-        micro = (spec.micro_batches, per_update // spec.micro_batches)
-    return check(cfg, log=run.log if jax.process_index() == 0 else lambda m: None, model_cfg=run.policy.model_cfg,
-                 update=(analysis, *micro), prefill=prefill, calls=run.explorers.sampling_calls())

@@ -1,24 +1,10 @@
-"""Run configuration: frozen dataclasses, one per concern, loaded from YAML with `a.b=c` overrides.
-
-Unknown keys are refused with the closest known names; values are checked against their types and
-the choices each field allows, and errors name the file and the dotted key at fault.
-"""
+"""The run configuration's schema: frozen dataclasses, one per concern. The comment beside or above each field is
+its documentation (tools/gen_config_docs.py writes docs/configuration.md from this file)."""
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import math
-import types
 import typing
-from pathlib import Path
-from typing import Any
-
-import yaml
-
-from jaxrl_llm.rewards.functions import parse as parse_reward_functions
-from jaxrl_llm.rl.advantages import ESTIMATORS
-from jaxrl_llm.rl.losses import AGGREGATIONS, KL_ESTIMATORS
 
 
 class ConfigError(ValueError):
@@ -300,7 +286,7 @@ class TrainSection:
     accept_changes: str = ""
     export_final: bool = True
     tensorboard: bool = True
-    # before anything is allocated: print the per-device memory plan (parallel/memory_plan.py) and refuse a config
+    # before anything is allocated: print the per-device memory plan (plan/memory.py) and refuse a config
     # that will not fit; device_memory_gib > 0 replaces the memory the devices report (e.g. to keep a reserve)
     memory_check: bool = True
     device_memory_gib: float = 0.0
@@ -353,137 +339,7 @@ class Config:
         return dataclasses.asdict(self)
 
 
-CHOICES = {
-    "model.param_dtype": ("float32", "bfloat16"),
-    "model.compute_dtype": ("float32", "bfloat16"),
-    "data.source": ("reasoning_gym", "jsonl", "parquet", "hf", "rubric"),
-    "data.answer_preset": ("none", "gsm8k", "boxed"),
-    "data.answer_format": ("tags", "last_number", "boxed", "raw"),
-    "data.overlong": ("drop", "truncate"),
-    "data.worked": ("", "steps"),
-    "explore.rrl.boundary": ("line", "sentence", "tokens"),
-    "explore.rrl.prior": ("response", "steps"),
-    "explore.rrl.priority": ("uncertainty", "value"),
-    "explore.herl.train_on": ("original", "revise_prompt"),
-    "explore.herl.train_temperature": ("rollout", "guided"),
-    "explore.herl.keep": ("better", "at_least"),
-    "algo.advantage": ESTIMATORS,
-    "algo.loss_agg": AGGREGATIONS,
-    "algo.kl_estimator": KL_ESTIMATORS,
-    "optim.schedule": ("constant", "cosine"),
-    "eval.split": ("heldout", "train"),
-    "logging.wandb_mode": ("offline", "online", "disabled"),
-}
-
-# Values that were once accepted, or that users expect, refused with the reason.
-REFUSED = {
-    ("algo.kl_estimator", "k1"): "k1 (logp - ref_logp) as a loss term has gradient kl_coef * grad logp, zero in "
-                                 "expectation on-policy, so it never pulls toward the reference; use k2 (the "
-                                 "true KL's gradient) or k3 (low-variance, non-negative)",
-}
-
-
-def _build(cls, raw: Any, where: str, source: str):
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: '{where or 'top level'}' must be a mapping, got {type(raw).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
-    kwargs = {}
-    for key, value in raw.items():
-        dotted = f"{where}.{key}" if where else key
-        if key not in fields:
-            close = difflib.get_close_matches(key, fields, n=3, cutoff=0.5)
-            hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else \
-                f"; known keys: {', '.join(fields)}"
-            raise ConfigError(f"{source}: unknown key '{dotted}'{hint}")
-        typ = hints[key]
-        if dataclasses.is_dataclass(typ):
-            kwargs[key] = _build(typ, value or {}, dotted, source)
-        else:
-            kwargs[key] = _coerce(value, typ, dotted, source)
-            if isinstance(kwargs[key], str) and (dotted, kwargs[key]) in REFUSED:
-                raise ConfigError(f"{source}: '{dotted}' is {kwargs[key]!r}: {REFUSED[dotted, kwargs[key]]}")
-            if dotted in CHOICES and kwargs[key] not in CHOICES[dotted]:
-                raise ConfigError(f"{source}: '{dotted}' is {kwargs[key]!r}; choose from {CHOICES[dotted]}")
-    return cls(**kwargs)
-
-
-def _coerce(value, typ, dotted, source):
-    origin = typing.get_origin(typ)
-    if origin in (typing.Union, types.UnionType):
-        options = [t for t in typing.get_args(typ) if t is not type(None)]
-        if len(options) > 1:  # a field of several types (data.data_files: str | list | dict)
-            for option in options:
-                try:
-                    return _coerce(value, option, dotted, source)
-                except ConfigError:
-                    pass
-            raise ConfigError(f"{source}: '{dotted}' must be {' or '.join(t.__name__ for t in options)}, "
-                              f"got {value!r}")
-        typ = options[0]
-    if typ is bool:
-        if isinstance(value, bool):
-            return value
-    elif typ is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif typ is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads 3e-4 (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-    elif typ is str:
-        if isinstance(value, str):
-            return value
-    elif typ is dict:
-        if isinstance(value, dict):
-            return value
-    elif typ is list:
-        if isinstance(value, list):
-            return value
-    raise ConfigError(f"{source}: '{dotted}' must be {typ.__name__}, got {value!r}")
-
-
-def _parse_override(item: str):
-    if "=" not in item:
-        raise ConfigError(f"override {item!r} is not of the form a.b=value")
-    key, text = item.split("=", 1)
-    try:
-        return key.strip().split("."), yaml.safe_load(text) if text != "" else ""
-    except yaml.YAMLError:  # prose that is no YAML (a multi-line template): the text itself; typed fields check it
-        return key.strip().split("."), text
-
-
-def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
-    raw: dict = {}
-    source = "defaults"
-    if path is not None:
-        source = str(path)
-        try:
-            raw = yaml.safe_load(Path(path).read_text()) or {}
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: no such config file") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: invalid YAML: {e}") from None
-    for item in overrides:
-        keys, value = _parse_override(item)
-        node = raw
-        for k in keys[:-1]:
-            node = node.setdefault(k, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"override {item!r}: '{k}' is not a section")
-        node[keys[-1]] = value
-    if overrides:
-        source += " + overrides"
-    cfg = _build(Config, raw, "", source)
-    _validate(cfg, source)
-    return cfg
-
-
-def _is_key(dotted: str) -> bool:
+def is_key(dotted: str) -> bool:
     """Whether `dotted` names a config key or section (e.g. optim.lr, optim)."""
     cls = Config
     for part in dotted.split("."):
@@ -492,117 +348,3 @@ def _is_key(dotted: str) -> bool:
             return False
         cls = typing.get_type_hints(cls)[part]
     return True
-
-
-def _validate(cfg: Config, source: str) -> None:
-    def need(cond, msg):
-        if not cond:
-            raise ConfigError(f"{source}: {msg}")
-
-    need(cfg.rollout.group_size >= 1 and cfg.rollout.prompts_per_step >= 1, "rollout sizes must be >= 1")
-    need(cfg.rollout.max_new_tokens >= 1, "rollout.max_new_tokens must be >= 1")
-    rw = cfg.reward
-    need(rw.workers >= 1, f"reward.workers={rw.workers} must be >= 1 (processes that score responses)")
-    need(math.isfinite(rw.timeout_s) and rw.timeout_s > 0,
-         f"reward.timeout_s={rw.timeout_s} must be a number of seconds > 0 (each response's scoring time limit)")
-    need(math.isfinite(rw.memory_mb) and rw.memory_mb >= 0,
-         f"reward.memory_mb={rw.memory_mb} must be >= 0 (MB a reward worker may add; 0: no limit)")
-    need(math.isfinite(rw.file_mb) and rw.file_mb >= 0,
-         f"reward.file_mb={rw.file_mb} must be >= 0 (MB of the largest file a reward worker may write)")
-    need(rw.start_retries >= 0, f"reward.start_retries={rw.start_retries} must be >= 0")
-    need(rw.judge_retries >= 0 and rw.judge_max_new_tokens >= 1,
-         f"reward.judge_retries ({rw.judge_retries}) must be >= 0 and reward.judge_max_new_tokens "
-         f"({rw.judge_max_new_tokens}) >= 1")
-    need(rw.judge_retry_temperature > 0, f"reward.judge_retry_temperature={rw.judge_retry_temperature} must be > 0 "
-         "(a greedy retry repeats the answer that could not be read)")
-    try:
-        parse_reward_functions(rw.functions)
-    except ValueError as e:
-        need(False, str(e))
-    need(rw.builtin or rw.functions, "reward.builtin=false needs reward.functions (there would be no reward)")
-    need(rw.builtin or rw.correctness, "reward.builtin=false: set reward.correctness to the component of a reward "
-         "function that says a response is solved (accuracy, pass@k), e.g. 'correct'")
-    need(not rw.correctness or rw.functions, f"reward.correctness={rw.correctness!r} names a reward function's "
-         "component, but reward.functions is empty")
-    a = cfg.algo
-    need(a.ppo_epochs >= 1 and a.minibatches >= 1 and a.micro_batch >= 1,
-         f"algo.ppo_epochs ({a.ppo_epochs}), minibatches ({a.minibatches}) and micro_batch ({a.micro_batch}) "
-         "must be >= 1")
-    need(a.kl_coef >= 0, f"algo.kl_coef={a.kl_coef} must be >= 0 (0 turns the KL term off)")
-    need(cfg.eval.every >= 1 and cfg.eval.samples >= 1 and cfg.eval.size >= 0,
-         f"eval.every ({cfg.eval.every}) and eval.samples ({cfg.eval.samples}) must be >= 1, eval.size >= 0")
-    need(cfg.eval.revise_rounds >= 0, f"eval.revise_rounds={cfg.eval.revise_rounds} must be >= 0 (0: no revise rounds)")
-    rows = cfg.rollout.group_size * cfg.rollout.prompts_per_step
-    need(rows % cfg.algo.minibatches == 0, f"algo.minibatches={cfg.algo.minibatches} must divide {rows} rollout rows")
-    need((rows // cfg.algo.minibatches) % cfg.algo.micro_batch == 0 or cfg.algo.micro_batch >= rows,
-         f"algo.micro_batch={cfg.algo.micro_batch} must divide the {rows // cfg.algo.minibatches} rows of a minibatch")
-    need(0 <= cfg.algo.eps_low < 1 and cfg.algo.eps_high >= 0 and cfg.algo.dual_clip > 1, "bad clip settings")
-    need(cfg.algo.hindsight_gamma > 0, f"algo.hindsight_gamma={cfg.algo.hindsight_gamma} must be > 0")
-    need(cfg.model.name != "scratch" or cfg.model.scratch, "model.name=scratch needs model.scratch settings")
-    need(cfg.data.source in ("reasoning_gym", "rubric", "hf") or cfg.data.path,
-         f"data.source={cfg.data.source} needs data.path")
-    need(cfg.data.source != "hf" or cfg.data.dataset, "data.source=hf needs data.dataset (a Hub name, a local folder, "
-         "or a builder such as parquet / json / csv with data.data_files)")
-    need(cfg.data.sft_size == 0 or cfg.data.source == "reasoning_gym",
-         f"data.sft_size generates reasoning-gym items; with data.source={cfg.data.source} give data.sft_path")
-    need(cfg.sft.steps == 0 or not (cfg.data.sft_size or cfg.data.sft_path)
-         or cfg.sft.batch_size <= max(cfg.data.sft_size, 1 << 30 if cfg.data.sft_path else 0),
-         f"sft.batch_size={cfg.sft.batch_size} is more than the data.sft_size={cfg.data.sft_size} SFT items")
-    e3, n = cfg.explore.e3, cfg.rollout.group_size
-    if e3.enabled:
-        need(1 <= e3.n_low <= n <= e3.n_high, f"explore.e3 needs 1 <= n_low ({e3.n_low}) <= rollout.group_size ({n}) "
-             f"<= n_high ({e3.n_high})")
-        need(e3.delta >= 0 and e3.rank_every >= 0, "explore.e3.delta and rank_every must be >= 0")
-        need(0 < e3.t_min <= cfg.rollout.temperature <= e3.t_max,
-             f"explore.e3 needs 0 < t_min ({e3.t_min}) <= rollout.temperature ({cfg.rollout.temperature}) <= "
-             f"t_max ({e3.t_max})")
-        need(0 <= e3.anneal_ratio <= 1 and e3.anneal_factor > 0, "explore.e3 anneal_ratio in [0, 1], anneal_factor > 0")
-        need(e3.target_entropy >= 0, "explore.e3.target_entropy must be >= 0 (0: measured at step 1)")
-    r = cfg.explore.rrl
-    if r.enabled:
-        need(r.capacity >= 1 and r.max_prefix_tokens >= 1 and r.prefixes_per_response >= 1,
-             "explore.rrl capacity, max_prefix_tokens and prefixes_per_response must be >= 1")
-        need(r.boundary != "tokens" or r.every_tokens >= 1, "explore.rrl.every_tokens must be >= 1")
-        need(0 <= r.replay_ratio < 1, f"explore.rrl.replay_ratio={r.replay_ratio} must be in [0, 1)")
-        need(2 <= r.continuations <= rows, f"explore.rrl.continuations={r.continuations} must be in [2, {rows}] "
-             f"(a group needs two rows for an advantage)")
-        need(r.replay_ratio * rows // r.continuations <= r.capacity,
-             "explore.rrl.capacity is smaller than the states one step replays")
-        need(r.warmup_steps >= 0 and r.max_age >= 0 and r.min_visits >= 1 and r.c_ucb >= 0
-             and r.priority_temperature >= 0 and r.age_penalty >= 0 and r.backtrack_margin >= 0,
-             "explore.rrl: warmup_steps, max_age, c_ucb, priority_temperature, age_penalty and backtrack_margin "
-             "must be >= 0, min_visits >= 1")
-    need(cfg.train.device_memory_gib >= 0, f"train.device_memory_gib={cfg.train.device_memory_gib} must be >= 0 "
-         "(0: what the devices report)")
-    t = cfg.train
-    need(t.watchdog_ceiling_s >= 0, f"train.watchdog_ceiling_s={t.watchdog_ceiling_s} must be >= 0 (0: no watchdog)")
-    need(t.watchdog_ceiling_s == 0 or 0 < t.watchdog_floor_s <= t.watchdog_ceiling_s,
-         f"train.watchdog_floor_s={t.watchdog_floor_s} must be > 0 and <= train.watchdog_ceiling_s="
-         f"{t.watchdog_ceiling_s}")
-    need(t.maintenance_url in ("auto", "") or t.maintenance_url.startswith(("http://", "https://")),
-         f"train.maintenance_url={t.maintenance_url!r}: 'auto', '' or an http:// or https:// URL")
-    need(cfg.train.keep_checkpoints >= 1, f"train.keep_checkpoints={cfg.train.keep_checkpoints} must be >= 1 (a run "
-         "keeps at least its newest checkpoint to resume from)")
-    need(cfg.train.checkpoint_every >= 1, f"train.checkpoint_every={cfg.train.checkpoint_every} must be >= 1")
-    lg = cfg.logging
-    need(lg.samples_every >= 0 and lg.samples_per_step >= 1, f"logging.samples_every ({lg.samples_every}) must be "
-         f">= 0 (0: no samples) and logging.samples_per_step ({lg.samples_per_step}) >= 1")
-    need(not (cfg.train.overwrite and cfg.train.resume), "train.overwrite=true starts the run over: set "
-         "train.resume=false with it")
-    for key in filter(None, (k.strip() for k in cfg.train.accept_changes.split(","))):
-        need(key == "*" or _is_key(key), f"train.accept_changes names {key!r}, which is no config key or section")
-    h = cfg.explore.herl
-    if h.enabled or cfg.eval.revise_rounds:
-        for field in ("{question}", "{draft}", "{met}", "{unmet}"):
-            need(field in h.revise_template, f"explore.herl.revise_template has no {field}")
-        try:  # any other field, or a lone brace, would fail at the first revision, steps or an eval into the run
-            h.revise_template.format(question="", draft="", met="", unmet="")
-        except (KeyError, IndexError, ValueError) as e:
-            need(False, f"explore.herl.revise_template does not format with the fields {{question}}, {{draft}}, "
-                 f"{{met}}, {{unmet}} ({type(e).__name__}: {e}); write a literal brace as {{{{ or }}}}")
-    if h.enabled:
-        need(h.candidate_limit >= 1 and h.num_guided >= 1 and h.replace_top_n >= 1,
-             "explore.herl candidate_limit, num_guided and replace_top_n must be >= 1")
-        need(h.guided_temperature >= 0 and h.alpha >= 0, "explore.herl guided_temperature and alpha must be >= 0")
-        need(h.replace_top_n < cfg.rollout.group_size, f"explore.herl.replace_top_n={h.replace_top_n} must leave a "
-             f"group of rollout.group_size={cfg.rollout.group_size} at least one of its own rows")
