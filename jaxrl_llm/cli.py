@@ -1,4 +1,5 @@
-"""`jaxrl-llm` command line: train, sft, eval, export, sample, prepare-model, bench."""
+"""`jaxrl-llm` command line: train, sft, eval, export, sample, prepare-model, bench, ablate, ablate-check,
+ablate-ci."""
 
 from __future__ import annotations
 
@@ -56,7 +57,8 @@ def _load_cfg(args, extra=()):
 
 def _cmd_train(args) -> int:
     from jaxrl_llm.parallel.distributed import initialize_from_env
-    from jaxrl_llm.train.loop import RESUME_EXIT_CODE, Run
+    from jaxrl_llm.train.loop import Run
+    from jaxrl_llm.train.stop import RESUME_EXIT_CODE
 
     initialize_from_env()  # launch scripts say which processes make up the run
     run = Run(_load_cfg(args))
@@ -66,7 +68,8 @@ def _cmd_train(args) -> int:
 
 def _cmd_sft(args) -> int:
     """Supervised training only: the configured sft steps, then export (no RL steps)."""
-    from jaxrl_llm.train.loop import RESUME_EXIT_CODE, Run
+    from jaxrl_llm.train.loop import Run
+    from jaxrl_llm.train.stop import RESUME_EXIT_CODE
 
     run = Run(_load_cfg(args, ["train.steps=0"]))
     run.train()
@@ -152,6 +155,9 @@ def main(argv=None) -> int:
                         "prefix on and off; memory: XLA's memory analysis of the update")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own options")
     p.set_defaults(fn=_cmd_bench)
+    from jaxrl_llm.ablate.command import add_commands as add_ablate_commands
+
+    add_ablate_commands(sub)
 
     args = parser.parse_args(argv)
     try:

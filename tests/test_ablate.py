@@ -1,12 +1,13 @@
-"""tools/ablate.py: spec checks, aggregation against hand-computed values, skip / resume logic, signal
-forwarding, and one real 2-arm grid through the trainer subprocess."""
+"""jaxrl_llm/ablate (`jaxrl-llm ablate`): spec checks, aggregation against hand-computed values, skip / resume
+logic, signal forwarding, and one real 2-arm grid through the trainer subprocess."""
 
 import csv
-import importlib.util
 import io
 import json
 import math
 import os
+import runpy
+import shlex
 import shutil
 import signal
 import sys
@@ -16,13 +17,21 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import CACHE_DIR
+
+from jaxrl_llm import cli
+from jaxrl_llm.ablate import command, grid as grid_mod, records, report, spec as spec_mod
+from tests.helpers import CACHE_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("ablate", ROOT / "tools" / "ablate.py")
-ablate = importlib.util.module_from_spec(_spec)
-sys.modules["ablate"] = ablate
-_spec.loader.exec_module(ablate)
+
+
+def run_tool(name: str, argv: list[str], monkeypatch) -> int:
+    """`python tools/<name> *argv` (a shim kept for docs and queued scripts), in this process: its exit code."""
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "tools" / name), *argv])
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the shim puts its tree first; undone after the test
+    with pytest.raises(SystemExit) as stop:
+        runpy.run_path(str(ROOT / "tools" / name), run_name="__main__")
+    return stop.value.code
 
 
 def _write_spec(tmp_path, text: str, base: str = "train: {steps: 2}\n") -> Path:
@@ -42,7 +51,7 @@ def _write_run(run_dir: Path, steps: int, evals: list[tuple[int, dict]], train: 
     rows += [{"step": s, "kind": "eval", **m} for s, m in evals[1:]] + list(extra)
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     if done:
-        (run_dir / ablate.DONE).write_text("{}\n")
+        (run_dir / spec_mod.DONE).write_text("{}\n")
 
 
 def _eval(greedy, sampled, never, ks, time_eval=0.25):
@@ -58,7 +67,7 @@ SPEC = ("base: BASE\noverrides: [eval.samples=8]\nseeds: [0, 1, 2]\nout_dir: OUT
 def grid(tmp_path):
     """Arm a: three finished seeds with eval.samples=8; arm b: two finished (pass@1, pass@2 only; one
     train row without sampled_tokens), seed 2 started but unfinished."""
-    spec = ablate.load_spec(_write_spec(tmp_path, SPEC))
+    spec = spec_mod.load_spec(_write_spec(tmp_path, SPEC))
     train = [{"sampled_tokens": 10, "time_step_s": 1.0}, {"sampled_tokens": 20, "time_step_s": 2.0},
              {"sampled_tokens": 30, "time_step_s": 0.5}]
     for seed, (g0, g, p8) in enumerate([(0.1, 0.5, 0.9), (0.2, 0.6, 0.8), (0.3, 0.7, 1.0)]):
@@ -77,8 +86,8 @@ def grid(tmp_path):
 
 
 def test_run_summary_sums_tokens_and_wall_time_and_takes_the_last_row_per_step(grid):
-    run = ablate.collect(grid)[0][0]
-    s = ablate.run_summary(run.rows, run.steps)
+    run = records.collect(grid)[0][0]
+    s = records.run_summary(run.rows, run.steps)
     # wall: three steps plus the evaluations at steps 0 and 3 (the stale step-3 row is not counted)
     assert s["final"] == pytest.approx({"greedy_accuracy": 0.5, "sampled_accuracy": 0.25, "never_solved_share": 0.0,
                                         "pass@1": 0.25, "pass@2": 0.35, "pass@4": 0.45, "pass@8": 0.9,
@@ -86,21 +95,21 @@ def test_run_summary_sums_tokens_and_wall_time_and_takes_the_last_row_per_step(g
                                         "rl_steps": 3.0}, abs=1e-12)
     assert s["start"] == pytest.approx({"greedy_accuracy": 0.1, "sampled_accuracy": 0.05, "never_solved_share": 0.5,
                                         "pass@1": 0.05, "pass@8": 0.4}, abs=1e-12)
-    assert ablate.run_summary(run.rows, 4) is None  # no eval row at train.steps: not finished
+    assert records.run_summary(run.rows, 4) is None  # no eval row at train.steps: not finished
 
 
 def test_aggregate_is_mean_and_sample_std():
-    st = ablate.aggregate([0.5, 0.6, 0.7])
+    st = records.aggregate([0.5, 0.6, 0.7])
     assert st.n == 3 and st.mean == pytest.approx(0.6, abs=1e-12) and st.std == pytest.approx(0.1, abs=1e-12)
-    one = ablate.aggregate([0.3])
+    one = records.aggregate([0.3])
     assert one.mean == 0.3 and math.isnan(one.std) and one.n == 1
-    assert ablate.aggregate([]) is None
+    assert records.aggregate([]) is None
 
 
 def test_table_csv_and_markdown_against_hand_computed_values(grid):
-    runs, missing = ablate.collect(grid)
+    runs, missing = records.collect(grid)
     assert missing == [("b", 2, f"unfinished or failed (see {grid.run_dir('b', 2) / 'train.log'})")]
-    table = ablate.arm_table(grid, runs)
+    table = records.arm_table(grid, runs)
     assert [(t["arm"], t["when"], t["step"], t["seeds"]) for t in table] == [
         ("a", "start", "0", [0, 1, 2]), ("a", "final", "3", [0, 1, 2]),
         ("b", "start", "0", [0, 1]), ("b", "final", "3", [0, 1])]
@@ -114,7 +123,7 @@ def test_table_csv_and_markdown_against_hand_computed_values(grid):
     assert b_final["sampled_tokens"].n == 1  # seed 1 lacks the field in a train row: reported as missing
     assert table[0]["stats"]["greedy_accuracy"].mean == pytest.approx(0.2)
 
-    rows = list(csv.DictReader(io.StringIO(ablate.format_csv(table))))
+    rows = list(csv.DictReader(io.StringIO(report.format_csv(table))))
     assert [(r["arm"], r["when"], r["n_seeds"], r["seeds"]) for r in rows] == [
         ("a", "start", "3", "0 1 2"), ("a", "final", "3", "0 1 2"),
         ("b", "start", "2", "0 1"), ("b", "final", "2", "0 1")]
@@ -122,7 +131,7 @@ def test_table_csv_and_markdown_against_hand_computed_values(grid):
     assert float(rows[1]["never_solved_share_std"]) == pytest.approx(0.1)
     assert rows[3]["pass@4_mean"] == "" and rows[3]["pass@4_n"] == "0" and rows[1]["pass@16_mean"] == ""
 
-    md = ablate.format_markdown(grid, table, runs, missing)
+    md = report.format_markdown(grid, table, runs, missing)
     assert f"`python tools/ablate.py {grid.path}`" in md and f"base: `{grid.base}`" in md
     assert "overrides (all arms): `eval.samples=8`" in md and "**b**: `rollout.temperature=0.5`" in md
     header = "| arm | at step | seeds | greedy | sampled T=1 | pass@1 | pass@2 | pass@4 | pass@8 | never solved |"
@@ -138,13 +147,13 @@ def test_table_csv_and_markdown_against_hand_computed_values(grid):
 
 
 def test_report_files_and_curves(grid):
-    written = ablate.write_report(grid)
+    written = report.write_report(grid)
     assert [p.name for p in written] == ["results.md", "results.csv", "curves.png"]
     assert (grid.out_dir / "curves.png").read_bytes()[:4] == b"\x89PNG"
-    runs = [r for r in ablate.collect(grid)[0] if r.arm == "a"]
-    steps, mean, lo, hi = ablate.arm_curve(runs, "eval", "greedy_accuracy")
+    runs = [r for r in records.collect(grid)[0] if r.arm == "a"]
+    steps, mean, lo, hi = report.arm_curve(runs, "eval", "greedy_accuracy")
     assert steps == [0, 3] and mean == pytest.approx([0.2, 0.6]) and lo == [0.1, 0.5] and hi == [0.3, 0.7]
-    steps, mean, _, _ = ablate.arm_curve(runs, "train", "reward_mean", window=2)
+    steps, mean, _, _ = report.arm_curve(runs, "train", "reward_mean", window=2)
     assert steps == [1, 2, 3] and mean == pytest.approx([0.0, 0.05, 0.15])
 
 
@@ -161,25 +170,27 @@ def test_report_files_and_curves(grid):
     ("base: BASE\nseeds: [0]\nout_dir: OUT\narms: {a/b: []}\n", r"'arms.a/b': an arm name is a folder name"),
 ])
 def test_spec_errors_name_the_file_and_key(tmp_path, text, error):
-    with pytest.raises(ablate.SpecError, match=error):
-        ablate.load_spec(_write_spec(tmp_path, text))
+    with pytest.raises(spec_mod.SpecError, match=error):
+        spec_mod.load_spec(_write_spec(tmp_path, text))
 
 
 def test_arm_config_errors_name_the_arm_and_key(tmp_path, capsys):
     path = _write_spec(tmp_path, "base: BASE\nseeds: [0]\nout_dir: OUT\narms: {a: [], b: [rollout.temprature=1.0]}\n")
-    with pytest.raises(ablate.SpecError, match=r"arm 'b': .*unknown key 'rollout.temprature'"):
-        ablate.check_configs(ablate.load_spec(path), ["a", "b"])
-    assert ablate.main([str(path), "--dry-run"]) == 2 and "unknown key 'rollout.temprature'" in capsys.readouterr().err
-    assert ablate.main([str(path), "--arms", "a,c"]) == 2 and "['c'] not in the spec's arms" in capsys.readouterr().err
+    with pytest.raises(spec_mod.SpecError, match=r"arm 'b': .*unknown key 'rollout.temprature'"):
+        spec_mod.check_configs(spec_mod.load_spec(path), ["a", "b"])
+    assert command.main([str(path), "--dry-run"]) == 2 and "unknown key 'rollout.temprature'" in capsys.readouterr().err
+    assert cli.main(["ablate", str(path), "--arms", "a,c"]) == 2
+    assert "['c'] not in the spec's arms" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs" / "ablate").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_spec_loads(path, monkeypatch):
     monkeypatch.chdir(ROOT)
-    spec = ablate.load_spec(path.relative_to(ROOT))
-    ablate.check_configs(spec, spec.arms)
+    spec = spec_mod.load_spec(path.relative_to(ROOT))
+    spec_mod.check_configs(spec, spec.arms)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs the git checkout")
 @pytest.mark.parametrize("path", [p for p in sorted((ROOT / "configs" / "ablate").glob("*.yaml"))
                                   if yaml.safe_load(p.read_text()).get("archive")], ids=lambda p: p.name)
@@ -188,7 +199,7 @@ def test_archived_records_are_not_git_ignored(path):
     its run records (a bare `runs/` rule did, for every archive's `runs/` folder)."""
     import subprocess
 
-    spec = ablate.load_spec(path)
+    spec = spec_mod.load_spec(path)
     record = spec.archived(next(iter(spec.arms)), spec.seeds[0]) / "metrics.jsonl"
     rel = record.resolve().relative_to(ROOT) if record.is_absolute() else record
     # --no-index: a committed record must still not match an ignore rule (git skips tracked files otherwise)
@@ -215,15 +226,19 @@ class _FakeTrainer:
 
 def test_finished_runs_are_skipped_and_failures_reported(tmp_path, monkeypatch, capsys):
     path = _write_spec(tmp_path, "base: BASE\nseeds: [0, 1]\nout_dir: OUT\narms: {a: [], b: []}\n")
-    spec = ablate.load_spec(path)
+    spec = spec_mod.load_spec(path)
     _write_run(spec.run_dir("a", 0), 2, [(0, _eval(0, 0, 1, {})), (2, _eval(1, 1, 0, {}))], [{}, {}])
 
-    assert ablate.main([str(path), "--dry-run"]) == 0
+    assert run_tool("ablate.py", [str(path), "--dry-run"], monkeypatch) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"# done: a seed 0 ({spec.run_dir('a', 0) / 'ablation_done.json'})"
+    # the trainer this interpreter runs as a module, so it is the package of the harness's working directory
+    train = [sys.executable, "-m", "jaxrl_llm.cli", "train", "--config", str(tmp_path / "base.yaml"), "train.seed=0",
+             f"train.out_dir={spec.run_dir('b', 0)}"]
+    assert lines[1] == (f"HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 {shlex.join(train)} "
+                        f">> {spec.run_dir('b', 0) / 'train.log'} 2>&1")
     assert [ln.split("train.out_dir=")[1].split()[0] for ln in lines[1:]] == [
         str(spec.run_dir(a, s)) for a, s in (("b", 0), ("a", 1), ("b", 1))]
-    assert lines[1].startswith("HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 ")
     assert not spec.run_dir("b", 0).exists()  # a dry run creates nothing
 
     launched = []
@@ -234,8 +249,8 @@ def test_finished_runs_are_skipped_and_failures_reported(tmp_path, monkeypatch, 
         reach, rc = outcome[arm, seed]
         return _FakeTrainer(spec.run_dir(arm, seed), 2, reach, rc)
 
-    monkeypatch.setattr(ablate, "_launch", fake_launch)
-    assert ablate.main([str(path)]) == 1
+    monkeypatch.setattr(grid_mod, "launch", fake_launch)
+    assert command.main([str(path)]) == 1
     err = capsys.readouterr().err
     assert launched == [("b", 0), ("a", 1), ("b", 1)]
     assert "FAILED: arm a, seed 1: no eval row at step 2 (last eval step: 1)" in err
@@ -245,24 +260,28 @@ def test_finished_runs_are_skipped_and_failures_reported(tmp_path, monkeypatch, 
     md = (spec.out_dir / "results.md").read_text()
     assert "- a seed 1: unfinished or failed" in md and "- b seed 1: unfinished or failed" in md
     (spec.run_dir("a", 1) / "ablation_done.json").write_text("{}\n")  # a marker alone does not make it count
-    assert ("a", 1, "marked done, but no eval row at step 2 (last eval step: 1)") in ablate.collect(spec)[1]
+    assert ("a", 1, "marked done, but no eval row at step 2 (last eval step: 1)") in records.collect(spec)[1]
     (spec.run_dir("a", 1) / "ablation_done.json").unlink()
 
     launched.clear()
     outcome.update({("a", 1): (2, 0), ("b", 1): (2, 0)})
-    assert ablate.main([str(path), "--seeds", "1"]) == 0
+    assert command.main([str(path), "--seeds", "1"]) == 0
     assert launched == [("a", 1), ("b", 1)]
     assert "Missing" not in (spec.out_dir / "results.md").read_text()
 
 
+@pytest.mark.slow
 def test_a_signal_is_forwarded_to_the_trainer_and_stops_the_grid(tmp_path, monkeypatch):
     path = _write_spec(tmp_path, "base: BASE\nseeds: [0]\nout_dir: OUT\narms: {a: [], b: []}\n")
-    spec = ablate.load_spec(path)
-    ready, got = tmp_path / "ready", tmp_path / "got"
-    child = ("import pathlib, signal, sys, time\n"
+    spec = spec_mod.load_spec(path)
+    ready, got, where = tmp_path / "ready", tmp_path / "got", tmp_path / "where"
+    (tmp_path / "wd").mkdir()
+    monkeypatch.chdir(tmp_path / "wd")  # a run starts where the harness was started (a frozen tree trains itself)
+    child = ("import os, pathlib, signal, sys, time\n"
              f"signal.signal(signal.SIGTERM, lambda *a: (pathlib.Path({str(got)!r}).write_text('term'), sys.exit(0)))\n"
+             f"pathlib.Path({str(where)!r}).write_text(os.getcwd())\n"
              f"pathlib.Path({str(ready)!r}).write_text('')\ntime.sleep(60)\n")
-    monkeypatch.setattr(ablate.Spec, "command", lambda self, arm, seed: [sys.executable, "-c", child])
+    monkeypatch.setattr(spec_mod.Spec, "command", lambda self, arm, seed: [sys.executable, "-c", child])
 
     def kill_when_ready():
         while not ready.exists():
@@ -271,9 +290,10 @@ def test_a_signal_is_forwarded_to_the_trainer_and_stops_the_grid(tmp_path, monke
 
     threading.Thread(target=kill_when_ready, daemon=True).start()
     t0 = time.monotonic()
-    failed, stopped = ablate.run_grid(spec, [("a", 0), ("b", 0)])
+    failed, stopped = grid_mod.run_grid(spec, [("a", 0), ("b", 0)])
     assert stopped == signal.SIGTERM and failed == [] and time.monotonic() - t0 < 30
     assert got.read_text() == "term" and not spec.run_dir("b", 0).exists()  # b never started
+    assert where.read_text() == str(tmp_path / "wd")
     assert not (spec.run_dir("a", 0) / "ablation_done.json").exists()
 
 
@@ -309,10 +329,11 @@ def test_end_to_end_two_arms_through_the_real_trainer(tmp_path, monkeypatch, cap
                                          "out_dir": str(tmp_path / "out"),
                                          "arms": {"cool": ["rollout.temperature=0.7"],
                                                   "hot": ["rollout.temperature=1.0"]}}))
-    assert ablate.main([str(spec_path)]) == 0, capsys.readouterr().err
+    assert cli.main(["ablate", str(spec_path)]) == 0, capsys.readouterr().err
     out = tmp_path / "out"
     for arm in ("cool", "hot"):
-        assert (out / arm / "seed0" / "ablation_done.json").is_file()
+        done = json.loads((out / arm / "seed0" / "ablation_done.json").read_text())
+        assert done["command"][:6] == [sys.executable, "-m", "jaxrl_llm.cli", "train", "--config", str(base)]
         assert "train.seed=0" in (out / arm / "seed0" / "train.log").read_text()
     md = (out / "results.md").read_text()
     assert "| cool | 2 | 1 |" in md and "| hot | 2 | 1 |" in md and "| cool | 0 | 1 |" in md and "Missing" not in md
@@ -321,43 +342,43 @@ def test_end_to_end_two_arms_through_the_real_trainer(tmp_path, monkeypatch, cap
     assert all(float(r["rl_steps_mean"]) == 2 for r in rows if r["when"] == "final")
     assert (out / "curves.png").stat().st_size > 1000
     capsys.readouterr()
-    assert ablate.main([str(spec_path), "--dry-run"]) == 0
+    assert command.main([str(spec_path), "--dry-run"]) == 0
     assert capsys.readouterr().out.count("# done:") == 2
 
 
 def test_replay_column_is_the_last_train_rows_count_and_shown_only_when_recorded(tmp_path):
-    spec = ablate.load_spec(_write_spec(tmp_path, SPEC.replace("seeds: [0, 1, 2]", "seeds: [0]")))
+    spec = spec_mod.load_spec(_write_spec(tmp_path, SPEC.replace("seeds: [0, 1, 2]", "seeds: [0]")))
     ev = [(0, _eval(0.1, 0.1, 0.5, {1: 0.1})), (2, _eval(0.2, 0.2, 0.4, {1: 0.2}))]
     _write_run(spec.run_dir("a", 0), 2, ev, [{"sampled_tokens": 5, "time_step_s": 1.0}] * 2)
     _write_run(spec.run_dir("b", 0), 2, ev, [{"sampled_tokens": 5, "time_step_s": 1.0,
                                               "rrl_solved_first_via_replay": n} for n in (2, 7)])
-    runs, missing = ablate.collect(spec)
-    summaries = {r.arm: ablate.run_summary(r.rows, r.steps)["final"] for r in runs}
+    runs, missing = records.collect(spec)
+    summaries = {r.arm: records.run_summary(r.rows, r.steps)["final"] for r in runs}
     assert "rrl_solved_first_via_replay" not in summaries["a"] and summaries["b"]["rrl_solved_first_via_replay"] == 7
-    text = ablate.format_markdown(spec, ablate.arm_table(spec, runs), runs, missing)
+    text = report.format_markdown(spec, records.arm_table(spec, runs), runs, missing)
     assert "solved first via replay" in text and "| 7.0" in text
-    plain = ablate.format_markdown(spec, ablate.arm_table(spec, runs[:1]), runs[:1], missing)
+    plain = report.format_markdown(spec, records.arm_table(spec, runs[:1]), runs[:1], missing)
     assert "solved first via replay" not in plain
 
 
 def test_reward_columns_are_shown_only_where_rewards_are_graded(tmp_path):
     """Mean rewards equal the accuracies on 0/1 tasks (hidden); rubric or partial-credit runs show them."""
-    spec = ablate.load_spec(_write_spec(tmp_path, SPEC.replace("seeds: [0, 1, 2]", "seeds: [0]")))
+    spec = spec_mod.load_spec(_write_spec(tmp_path, SPEC.replace("seeds: [0, 1, 2]", "seeds: [0]")))
     start = {"greedy_reward_mean": 0.1, "sampled_reward_mean": 0.1}  # equal to the accuracies below
     binary = {"greedy_reward_mean": 0.2, "sampled_reward_mean": 0.2}
     graded = {"greedy_reward_mean": 0.55, "sampled_reward_mean": 0.45}
     for arm, rewards in (("a", binary), ("b", graded)):
         ev = [(0, {**_eval(0.1, 0.1, 0.5, {1: 0.1}), **start}), (2, {**_eval(0.2, 0.2, 0.4, {1: 0.2}), **rewards})]
         _write_run(spec.run_dir(arm, 0), 2, ev, [{"sampled_tokens": 5, "time_step_s": 1.0}] * 2)
-    runs, missing = ablate.collect(spec)
-    summaries = {r.arm: ablate.run_summary(r.rows, r.steps) for r in runs}
+    runs, missing = records.collect(spec)
+    summaries = {r.arm: records.run_summary(r.rows, r.steps) for r in runs}
     assert "greedy_reward_mean" not in summaries["a"]["final"] and "greedy_reward_mean" not in summaries["b"]["start"]
     assert summaries["b"]["final"]["greedy_reward_mean"] == 0.55
     assert summaries["b"]["final"]["sampled_reward_mean"] == 0.45
-    text = ablate.format_markdown(spec, ablate.arm_table(spec, runs), runs, missing)
+    text = report.format_markdown(spec, records.arm_table(spec, runs), runs, missing)
     assert "| never solved | greedy reward | sampled reward |" in text
     assert "| 0.400 | 0.550 | 0.450 |" in text
-    plain = ablate.format_markdown(spec, ablate.arm_table(spec, runs[:1]), runs[:1], missing)
+    plain = report.format_markdown(spec, records.arm_table(spec, runs[:1]), runs[:1], missing)
     assert "greedy reward" not in plain
 
 
@@ -366,18 +387,18 @@ def test_archived_records_carry_a_grid_over_to_a_fresh_checkout(tmp_path, monkey
     run folders are gone (a fresh machine), those runs still count as finished and still make the table."""
     path = _write_spec(tmp_path, "base: BASE\nseeds: [0, 1]\nout_dir: OUT\narms: {a: [], b: []}\n"
                                  f"archive: {tmp_path / 'kept'}\n")
-    spec = ablate.load_spec(path)
+    spec = spec_mod.load_spec(path)
     launched, short = [], {("b", 1)}
 
     def fake_launch(spec, arm, seed):
         launched.append((arm, seed))
         return _FakeTrainer(spec.run_dir(arm, seed), 2, 1 if (arm, seed) in short else 2, 0)
 
-    monkeypatch.setattr(ablate, "_launch", fake_launch)
-    assert ablate.main([str(path)]) == 1  # b seed 1 stops short of its final eval
+    monkeypatch.setattr(grid_mod, "launch", fake_launch)
+    assert command.main([str(path)]) == 1  # b seed 1 stops short of its final eval
     kept = tmp_path / "kept"
     assert sorted(str(p.relative_to(kept)) for p in kept.rglob("*") if p.is_file()) == sorted(
-        [f"runs/{a}/seed{s}/{n}" for a, s in (("a", 0), ("b", 0), ("a", 1)) for n in ablate.RECORD]
+        [f"runs/{a}/seed{s}/{n}" for a, s in (("a", 0), ("b", 0), ("a", 1)) for n in records.RECORD]
         + ["results.md", "results.csv", "curves.png"])
     table = (kept / "results.md").read_text()
     assert table == (spec.out_dir / "results.md").read_text() and "- b seed 1: unfinished or failed" in table
@@ -385,17 +406,17 @@ def test_archived_records_carry_a_grid_over_to_a_fresh_checkout(tmp_path, monkey
     import shutil
     shutil.rmtree(spec.out_dir)  # the machine is gone; the committed archive is what is left
     capsys.readouterr()
-    assert ablate.main([str(path), "--dry-run"]) == 0
+    assert command.main([str(path), "--dry-run"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[:3] == [f"# done: {a} seed {s} ({kept / 'runs' / a / f'seed{s}' / ablate.DONE})"
+    assert out[:3] == [f"# done: {a} seed {s} ({kept / 'runs' / a / f'seed{s}' / spec_mod.DONE})"
                        for a, s in (("a", 0), ("b", 0), ("a", 1))]
     assert len(out) == 4 and f"train.out_dir={spec.run_dir('b', 1)}" in out[3]
     launched.clear()
     short.clear()
-    assert ablate.main([str(path)]) == 0
+    assert command.main([str(path)]) == 0
     assert launched == [("b", 1)]  # only the unfinished run trains again
     assert "Missing" not in (kept / "results.md").read_text()
-    runs, missing = ablate.collect(spec)
+    runs, missing = records.collect(spec)
     assert missing == [] and sorted((r.arm, r.seed) for r in runs) == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
 
 
@@ -406,8 +427,8 @@ def test_archived_records_carry_a_grid_over_to_a_fresh_checkout(tmp_path, monkey
     ("prepare: [{creates: x, run: \"a 'b\"}]\n", r"'prepare' item 1: 'run' is not a command line"),
 ])
 def test_prepare_errors_name_the_item(tmp_path, text, error):
-    with pytest.raises(ablate.SpecError, match=error):
-        ablate.load_spec(_write_spec(tmp_path, "base: BASE\nseeds: [0]\nout_dir: OUT\narms: {a: []}\n" + text))
+    with pytest.raises(spec_mod.SpecError, match=error):
+        spec_mod.load_spec(_write_spec(tmp_path, "base: BASE\nseeds: [0]\nout_dir: OUT\narms: {a: []}\n" + text))
 
 
 def test_prepare_runs_once_before_the_first_run_and_a_failure_stops_the_grid(tmp_path, monkeypatch, capsys):
@@ -427,25 +448,25 @@ def test_prepare_runs_once_before_the_first_run_and_a_failure_stops_the_grid(tmp
         launched.append((arm, seed))
         return _FakeTrainer(spec.run_dir(arm, seed), 2, 2, 0)
 
-    monkeypatch.setattr(ablate, "_launch", fake_launch)
+    monkeypatch.setattr(grid_mod, "launch", fake_launch)
     path = _write_spec(tmp_path, spec_text.replace("MODE", "fail"))
-    assert ablate.main([str(path), "--dry-run"]) == 0
+    assert command.main([str(path), "--dry-run"]) == 0
     assert capsys.readouterr().out.splitlines()[0] == f"# prepare (missing: {made}): {sys.executable} {script} fail"
-    assert ablate.main([str(path)]) == 1
+    assert command.main([str(path)]) == 1
     err = capsys.readouterr().err
     assert f"prepare command {sys.executable} {script} fail: exit code 4" in err and "prep broke" in err
     assert launched == [] and count.read_text() == "1"
 
     path = _write_spec(tmp_path, spec_text.replace("MODE", "ok"))
-    assert ablate.main([str(path)]) == 0
+    assert command.main([str(path)]) == 0
     assert launched == [("a", 0), ("b", 0)] and count.read_text() == "2" and made.read_text() == "w"
     shutil.rmtree(tmp_path / "out" / "b")  # one run to redo: the prepared input exists, so it is not made again
-    assert ablate.main([str(path)]) == 0
+    assert command.main([str(path)]) == 0
     assert launched == [("a", 0), ("b", 0), ("b", 0)] and count.read_text() == "2"
 
 
 def test_prepare_names_jaxrl_llm_as_this_interpreters_trainer(tmp_path):
-    spec = ablate.load_spec(_write_spec(tmp_path, "base: BASE\nseeds: [0]\nout_dir: OUT\narms: {a: []}\n"
+    spec = spec_mod.load_spec(_write_spec(tmp_path, "base: BASE\nseeds: [0]\nout_dir: OUT\narms: {a: []}\n"
                                         "prepare: [{creates: w/config.json, run: jaxrl-llm sft --config c.yaml a.b=1}]\n"))
     assert spec.prepare == ((Path("w/config.json"), (sys.executable, "-m", "jaxrl_llm.cli", "sft", "--config",
                                                      "c.yaml", "a.b=1")),)
@@ -454,7 +475,7 @@ def test_prepare_names_jaxrl_llm_as_this_interpreters_trainer(tmp_path):
 def test_explorer_section_weights_each_steps_rate_by_its_count(tmp_path):
     """Continuation success over a run = successes / continuation rows (hand-computed), NaN steps skipped;
     revision success weighted by revisions, bonus by candidates; counts summed; no section without explorers."""
-    spec = ablate.load_spec(_write_spec(tmp_path, SPEC.replace("seeds: [0, 1, 2]", "seeds: [0]")))
+    spec = spec_mod.load_spec(_write_spec(tmp_path, SPEC.replace("seeds: [0, 1, 2]", "seeds: [0]")))
     ev = [(0, _eval(0.1, 0.1, 0.5, {1: 0.1})), (3, _eval(0.2, 0.2, 0.4, {1: 0.2}))]
     base = {"sampled_tokens": 5, "time_step_s": 1.0}
     _write_run(spec.run_dir("a", 0), 3, ev, [base] * 3)
@@ -467,17 +488,17 @@ def test_explorer_section_weights_each_steps_rate_by_its_count(tmp_path):
             {"herl_revisions": 4, "herl_candidates": 1, "herl_revision_success": 1.0, "herl_bonus_mean": 0.4,
              "herl_sampled_tokens": 100}]
     _write_run(spec.run_dir("b", 0), 3, ev, [{**base, **r, **h} for r, h in zip(rrl, herl)])
-    runs, missing = ablate.collect(spec)
-    e = {r.arm: ablate.explorer_summary(r.rows) for r in runs}
+    runs, missing = records.collect(spec)
+    e = {r.arm: records.explorer_summary(r.rows) for r in runs}
     assert e["a"] == {}
     assert e["b"]["rrl_replay_rows"] == 20 and e["b"]["herl_revisions"] == 12 and e["b"]["herl_sampled_tokens"] == 400
     assert e["b"]["rrl_continuation_success"] == pytest.approx(12 / 20, abs=1e-12)  # 12 of 20 continuations
     assert e["b"]["rrl_fresh_success_same_prompts"] == pytest.approx(0.25, abs=1e-12)  # the NaN step has no weight
     assert e["b"]["herl_revision_success"] == pytest.approx((4 + 4) / 12, abs=1e-12)
     assert e["b"]["herl_bonus_mean"] == pytest.approx((2 * 0.1 + 0.4) / 3, abs=1e-12)
-    text = ablate.format_markdown(spec, ablate.arm_table(spec, runs), runs, missing)
+    text = report.format_markdown(spec, records.arm_table(spec, runs), runs, missing)
     assert "## Explorers" in text
     assert "| b | 0 | 20 | 0.600 | 0.250 | 12 | 0.667 | 0.200 | 400 |" in text
     assert "| a | 0 |  |  |  |  |  |  |  |" in text
-    plain = ablate.format_markdown(spec, ablate.arm_table(spec, runs[:1]), runs[:1], missing)
+    plain = report.format_markdown(spec, records.arm_table(spec, runs[:1]), runs[:1], missing)
     assert "## Explorers" not in plain

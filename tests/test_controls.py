@@ -1,21 +1,26 @@
-"""tools/controls.py: each positive control's prediction check on hand-built run records, against the
-figures computed by hand (a check that cannot say NO is a defect, so each is shown failing too)."""
+"""jaxrl_llm/ablate/controls.py (`jaxrl-llm ablate-check`): each positive control's prediction check on hand-built
+run records, against the figures computed by hand (a check that cannot say NO is a defect, so each is shown failing
+too), and the report over a spec's finished and missing runs."""
 
+import json
+import runpy
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
+
+from jaxrl_llm import cli
+from jaxrl_llm.ablate import controls
+from jaxrl_llm.ablate.records import RunData
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-import ablate  # noqa: E402
-import controls  # noqa: E402
 
 
 def _run(arm, train_rows, evals=()):
     rows = [{"step": s + 1, "kind": "train", **r} for s, r in enumerate(train_rows)]
     rows += [{"step": s, "kind": "eval", **r} for s, r in evals]
-    return ablate.RunData(arm, 0, len(train_rows), rows)
+    return RunData(arm, 0, len(train_rows), rows)
 
 
 def test_closed_loop_needs_a_monotone_rise_and_a_small_final_gap():
@@ -61,16 +66,55 @@ def test_budget_compares_quintiles_to_bounds_and_mixed_rows_to_grpo():
         assert not controls.budget(run, [grpo, run])["holds"]
 
 
-def test_rrl_weights_rates_by_replay_rows():
-    rows = [{"rrl_continuation_success": 0.5, "rrl_fresh_success_same_prompts": 0.1, "rrl_replay_rows": 16,
+RRL_ROWS = [{"rrl_continuation_success": 0.5, "rrl_fresh_success_same_prompts": 0.1, "rrl_replay_rows": 16,
              "rrl_replay_groups_all_wrong_prompts": 2, "rrl_replay_mixed_all_wrong_prompts": 1,
              "replay_groups_zero_variance": 0.5, "rrl_replayed_states": 4, "rrl_solved_first_via_replay": 1},
             {"rrl_continuation_success": 0.1, "rrl_fresh_success_same_prompts": 0.1, "rrl_replay_rows": 48,
              "rrl_replay_groups_all_wrong_prompts": 2, "rrl_replay_mixed_all_wrong_prompts": 0,
              "replay_groups_zero_variance": 0.75, "rrl_replayed_states": 12, "rrl_solved_first_via_replay": 2}]
+
+
+def test_rrl_weights_rates_by_replay_rows():
+    rows = [dict(r) for r in RRL_ROWS]
     got = controls.rrl(_run("rrl", rows), [])
     assert got["continuation success"] == pytest.approx((0.5 * 16 + 0.1 * 48) / 64)  # 0.2
     assert got["mixed share of those"] == 0.25 and got["solved first via replay"] == 2
     assert got["holds"]  # 0.2 >= 2 x 0.1, a quarter mixed, 2 prompts first solved via replay
     rows[0]["rrl_replay_mixed_all_wrong_prompts"] = 0
     assert not controls.rrl(_run("rrl", rows), [])["holds"]
+
+
+def test_ablate_check_reports_finished_runs_per_arm_and_lists_the_rest(tmp_path, monkeypatch, capsys):
+    """The checks are chosen by the spec's file name; one finished rrl run (its record as the harness leaves
+    it), everything else missing. Figures by hand: zero-variance share (0.5 x 4 + 0.75 x 12) / 16 = 0.6875."""
+    (tmp_path / "base.yaml").write_text("train: {steps: 2}\n")
+    spec_path = tmp_path / "rrl_control.yaml"
+    spec_path.write_text(yaml.safe_dump({"base": str(tmp_path / "base.yaml"), "seeds": [0, 1],
+                                         "out_dir": str(tmp_path / "out"), "arms": {"rrl": [], "rrl_value": []}}))
+    run_dir = tmp_path / "out" / "rrl" / "seed0"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text("train: {steps: 2}\n")
+    rows = [{"step": 0, "kind": "eval"}, *({"step": i + 1, "kind": "train", **r} for i, r in enumerate(RRL_ROWS)),
+            {"step": 2, "kind": "eval"}]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run_dir / "ablation_done.json").write_text("{}\n")
+
+    out = tmp_path / "controls.md"
+    assert cli.main(["ablate-check", str(spec_path), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert capsys.readouterr().out == text + "\n"
+    assert text.startswith(f"# Mechanism checks: {spec_path}\n\nMade by `python tools/controls.py {spec_path}`.\n")
+    assert ("| seed | continuation success | fresh success, same prompts | replay groups on all-wrong prompts | "
+            "mixed share of those | zero-variance replay groups | solved first via replay | holds |\n"
+            "|---|---|---|---|---|---|---|---|\n"
+            "| 0 | 0.200 | 0.100 | 4.000 | 0.250 | 0.688 | 2.000 | yes |\n\nPrediction held in 1 of 1 runs.") in text
+    assert f"## rrl_reference\n\n{controls.rrl.__doc__.strip()}\n\n(no finished run)\n" in text
+    assert text.endswith("## Not finished\n\n- rrl seed 1: not started\n- rrl_value seed 0: not started\n"
+                         "- rrl_value seed 1: not started\n")
+
+    (tmp_path / "other.yaml").write_text(spec_path.read_text())  # no checks are defined for this name
+    monkeypatch.setattr(sys, "argv", ["tools/controls.py", str(tmp_path / "other.yaml")])
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the shim puts its tree first; undone after the test
+    with pytest.raises(SystemExit) as stop:
+        runpy.run_path(str(ROOT / "tools" / "controls.py"), run_name="__main__")
+    assert stop.value.code == 2 and "other.yaml: no mechanism checks defined" in capsys.readouterr().err

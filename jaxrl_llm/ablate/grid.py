@@ -1,0 +1,129 @@
+"""Running an ablation grid: each (arm, seed) is `python -m jaxrl_llm.cli train --config base *overrides *arm
+train.seed=S train.out_dir=<out_dir>/<arm>/seed<S>` in a subprocess started from the harness's working
+directory, offline, its output appended to <run_dir>/train.log. A run that exits with an eval row at
+train.steps gets ablation_done.json and its record archived; rerunning resumes unfinished runs from their
+checkpoints and skips finished ones. Ctrl-C / SIGTERM is forwarded to the running trainer, which checkpoints
+and exits; then the harness stops.
+
+A spec's `prepare` commands (e.g. one shared SFT warm start that every arm loads through model.name) run
+each once, before the first run, only while the path each `creates` is missing; output goes to
+<out_dir>/prepare.log and a signal reaches them like a run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from jaxrl_llm.ablate.records import archive_run, final_eval_problem, run_steps
+from jaxrl_llm.ablate.spec import DONE, LOG, Spec
+
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    text = path.read_text(errors="replace") if path.is_file() else ""
+    return "\n".join("    " + ln.split("\r")[-1] for ln in text.rstrip().splitlines()[-lines:])
+
+
+def _start(cmd, log_path: Path, label: str = "") -> subprocess.Popen:
+    """Start `cmd` offline with its output appended to `log_path` after a header naming it."""
+    with log_path.open("a") as log:
+        log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} jaxrl-llm ablate{label}: {shlex.join(cmd)}\n")
+        log.flush()
+        return subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**os.environ, **OFFLINE_ENV})
+
+
+@contextlib.contextmanager
+def _forwarding(live):
+    """While inside, SIGINT / SIGTERM are passed on as SIGTERM to the processes `live()` returns (a trainer
+    checkpoints after its current step and exits); yields the list of signals received."""
+    stopped: list[int] = []
+
+    def forward(signum, frame):
+        stopped.append(signum)
+        for proc in live():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stopped
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+def launch(spec: Spec, arm: str, seed: int) -> subprocess.Popen:
+    """Start one run's trainer (run_grid looks this name up at each start: a test stands in for the trainer here)."""
+    run_dir = spec.run_dir(arm, seed)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return _start(spec.command(arm, seed), run_dir / LOG)
+
+
+def run_prepare(spec: Spec) -> tuple[str | None, int | None]:
+    """Run the spec's prepare commands whose path is missing, in order. Returns (what failed, signal)."""
+    log_path = spec.out_dir / "prepare.log"
+    for creates, argv in spec.prepare:
+        if creates.exists():
+            continue
+        spec.out_dir.mkdir(parents=True, exist_ok=True)
+        print(f"prepare: {shlex.join(argv)} (log: {log_path})", file=sys.stderr)
+        proc = _start(argv, log_path, " prepare")
+        with _forwarding(lambda: [proc]) as stopped:
+            rc = proc.wait()
+        if stopped:
+            return None, stopped[0]
+        if rc != 0 or not creates.exists():
+            why = f"exit code {rc}" if rc != 0 else f"it exited 0 but did not create {creates}"
+            return f"prepare command {shlex.join(argv)}: {why}; last lines of {log_path}:\n{log_tail(log_path)}", None
+    return None, None
+
+
+def run_grid(spec: Spec, todo: list[tuple[str, int]], parallel: int = 1, already: int = 0) -> tuple[list, int | None]:
+    """Train the (arm, seed) runs of `todo`, `parallel` at a time; the progress bar also counts the
+    `already` finished runs of the grid. Returns the failures as (arm, seed, why) and the signal that
+    stopped the grid (None if it ran through)."""
+    from tqdm import tqdm
+
+    pending, running, failed = list(todo), {}, []
+    bar = tqdm(total=len(todo) + already, initial=already, desc="ablation", unit="run")
+    with _forwarding(lambda: list(running.values())) as stopped:
+        try:
+            while running or (pending and not stopped):
+                while pending and not stopped and len(running) < parallel:
+                    arm, seed = pending.pop(0)
+                    running[arm, seed] = launch(spec, arm, seed)
+                    bar.set_description(", ".join(f"{a}/seed{s}" for a, s in running))
+                time.sleep(0.2)
+                for (arm, seed), proc in list(running.items()):
+                    rc = proc.poll()
+                    if rc is None:
+                        continue
+                    del running[arm, seed]
+                    run_dir = spec.run_dir(arm, seed)
+                    why = f"exit code {rc}" if rc != 0 else final_eval_problem(run_dir)
+                    if why is None:
+                        (run_dir / DONE).write_text(json.dumps(
+                            {"arm": arm, "seed": seed, "steps": run_steps(run_dir), "exit_code": rc,
+                             "command": spec.command(arm, seed), "finished": time.strftime("%Y-%m-%d %H:%M:%S")},
+                            indent=1) + "\n")
+                        archive_run(spec, arm, seed)
+                    elif not stopped:
+                        failed.append((arm, seed, why))
+                        tqdm.write(f"FAILED: arm {arm}, seed {seed}: {why}; last lines of {run_dir / LOG}:\n"
+                                   f"{log_tail(run_dir / LOG)}", file=sys.stderr)
+                    if why is None or not stopped:
+                        bar.update(1)
+                        bar.set_postfix(failed=len(failed))
+        finally:
+            bar.close()
+    return failed, (stopped[0] if stopped else None)
