@@ -2,7 +2,6 @@
 capacity less what the checkpoint folder holds, so deleting a checkpoint frees its real size."""
 
 import errno
-import os
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -10,6 +9,7 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.train import checkpoint as ck
+from tests.helpers import _truncate_data
 
 
 def _du(folder: Path) -> int:
@@ -155,13 +155,6 @@ def test_a_shape_the_run_does_not_have_is_an_error_and_moves_nothing(tmp_path):
     ckpt.close()
 
 
-def _truncate_data(step_dir: Path) -> None:
-    files = [f for f in (step_dir / "arrays").rglob("d/*") if f.is_file() and f.stat().st_size > 64]
-    assert files
-    for f in files:
-        os.truncate(f, f.stat().st_size // 2)
-
-
 def test_damage_is_told_from_other_failures(tmp_path):
     """What orbax raises for a truncated or missing file counts as damage; device memory (XLA's
     RESOURCE_EXHAUSTED), a transient I/O error (EIO) or a permission error never do."""
@@ -207,6 +200,7 @@ print("restored", step, float(arrays["params"]["w3"][0, 0]))
 """
 
 
+@pytest.mark.slow
 def test_a_damaged_checkpoint_costs_one_line_of_output(tmp_path):
     """The fallback from a damaged checkpoint is one line naming it, not a traceback from each of orbax's reads
     still in flight when the event loop closed ('RuntimeError: Event loop is closed', about 95 of them)."""

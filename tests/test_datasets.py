@@ -13,13 +13,14 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import CHAT, byte_bpe_tokenizer, hf_tokenizer
+from tests.helpers import CHAT, byte_bpe_tokenizer, hf_tokenizer
 from jaxrl_llm.config import ConfigError, load_config
-from jaxrl_llm.data.tasks import DataError, load_items
+from jaxrl_llm.data.tasks import load_items
+from jaxrl_llm.data.types import DataError
 from jaxrl_llm.hub import offline_unless_reachable
 from jaxrl_llm.model.tokenizer import load_tokenizer, read_chat_template
 from jaxrl_llm.train.policy import encode_prompt
-from stand_in_http import serve
+from tests.stand_in_http import serve
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"

@@ -2,31 +2,17 @@
 warm-up, and the controller follows its formula step by step. A resumed E3 + RRL run equals an
 uninterrupted one (tests/test_rrl.py)."""
 
-import json
 import math
-import sys
-from pathlib import Path
 
 import jax
 import numpy as np
+import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_trainer import _tiny_cfg, _train_rows  # noqa: E402
+from jaxrl_llm.explore.temperature import entropy_constant
+from jaxrl_llm.train.loop import Run
+from tests.helpers import _compilations, _e3_cfg, _train_rows
 
-from jaxrl_llm.explore.temperature import entropy_constant  # noqa: E402
-from jaxrl_llm.train.loop import Run  # noqa: E402
-from jaxrl_llm.train.metrics import read_rows  # noqa: E402
-
-
-def _e3_cfg(tmp_path, *extra):
-    """8 prompts with a data-set difficulty, 4 a step: an epoch is 2 steps, so the bounds widen to
-    (4, 12) by step 4 and the allocation follows the seeded ranks from then on."""
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    data = tmp_path / "ranked.jsonl"
-    data.write_text("".join(json.dumps({"question": f"Question {i}: what is the magic word?", "answer": "7",
-                                        "scorer": "exact", "difficulty": i / 7}) + "\n" for i in range(8)))
-    return _tiny_cfg(tmp_path, f"data.path={data}", "rollout.group_size=8", "rollout.max_new_tokens=2",
-                     "algo.micro_batch=8", "explore.e3.enabled=true", "explore.e3.rank_every=100", *extra)
+pytestmark = pytest.mark.slow  # integration runs: tools/test.sh runs them, `-m "not slow"` leaves them out
 
 
 def test_e3_changes_budgets_and_temperature_without_recompiling(tmp_path):
@@ -56,10 +42,6 @@ def test_e3_changes_budgets_and_temperature_without_recompiling(tmp_path):
         assert rows[s + 1]["temperature"] == np.float32(want) or abs(rows[s + 1]["temperature"] - want) < 1e-5 * want
         assert r["e3_temperature"] == rows[s + 1]["temperature"]
     assert rows[1]["e3_target_entropy"] == rows[1]["e3_entropy"]  # H* is the entropy of step 1
-
-
-def _compilations(out_dir) -> list[int]:
-    return [r["compilations"] for r in read_rows(Path(out_dir) / "metrics.jsonl") if r["kind"] == "train"]
 
 
 def test_controller_brings_the_sampled_entropy_to_its_target(tiny_sampler):

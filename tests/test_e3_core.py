@@ -102,6 +102,7 @@ def check_properties(counts, rho, n_min, n_max, total):
     assert not np.any(harder & (counts[:, None] < counts[None, :])), (rho, counts)
 
 
+@pytest.mark.slow
 def test_allocate_matches_brute_force():
     rng = np.random.RandomState(0)
     cases = [random_case(rng) for _ in range(200)]

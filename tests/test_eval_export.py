@@ -13,9 +13,7 @@ import pytest
 import yaml
 from flax import nnx
 
-from conftest import TINY, byte_bpe_tokenizer, forward_logits, torch_or_skip
-from test_gguf import write_gguf
-from test_trainer import _tiny_cfg
+from tests.helpers import TINY, _tiny_cfg, byte_bpe_tokenizer, forward_logits, torch_or_skip, write_gguf
 
 from jaxrl_llm.cli import main
 from jaxrl_llm.model.gguf_io import load_gguf
@@ -26,6 +24,8 @@ from jaxrl_llm.parallel.mesh import make_mesh
 from jaxrl_llm.rewards.verifiers import score
 from jaxrl_llm.train.loop import Run
 from jaxrl_llm.train.restore import load_checkpoint
+
+pytestmark = pytest.mark.slow  # integration runs: tools/test.sh runs them, `-m "not slow"` leaves them out
 
 
 def _snapshot(folder: Path) -> dict:
@@ -81,7 +81,7 @@ def test_eval_of_a_step_writes_every_completion_and_matches_the_runs_own_evaluat
     assert [r["sample"] for r in rows if r["temperature"] == 1.0] == list(range(k)) * n
     # the oracle: each completion scored again by the verifier itself, outside the reward pool
     for r in rows:
-        assert r["reward"] == score("exact", r["answer"], "", r["completion"], cfg.data.answer_format), r
+        assert r["reward"] == score("exact", r["answer"], "", r["completion"], cfg.data.answer_format).reward, r
         assert r["correct"] == (r["reward"] == 1.0) and r["tokens"] == 1 and len(r["completion"]) <= 1
     assert 0 < sum(r["correct"] for r in rows) < len(rows)  # the figures below compare something
     greedy = [r["correct"] for r in rows if r["temperature"] == 0.0]

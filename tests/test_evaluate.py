@@ -34,6 +34,7 @@ def _evaluate(cfg):
         return run.evaluate(pool)
 
 
+@pytest.mark.slow
 def test_sampled_figures_at_both_temperatures(tmp_path):
     # a scratch model at init answers "\n" to everything: its weights get noise so that replies differ. The
     # answers are then the model's own greedy replies for half the items (a wrong one for the rest), so greedy
@@ -66,6 +67,7 @@ def test_sampled_figures_at_both_temperatures(tmp_path):
     assert 6 + 2 * 6 * 4 <= out["sampled_tokens"] <= 3 * (6 + 2 * 6 * 4)
 
 
+@pytest.mark.slow
 def test_rollout_temperature_one_copies_the_t1_figures(tmp_path):
     # answer tasks (no rubric): eval.revise_rounds does nothing, no figure and no token more
     out = _evaluate(_cfg(tmp_path, 1.0, None, "eval.revise_rounds=2"))
@@ -95,6 +97,7 @@ class _Recording:
         return self.sampler(params, prompts, **kwargs)
 
 
+@pytest.mark.slow
 def test_a_revise_round_meets_what_the_unmet_item_names(tmp_path):
     # a scratch model warm-started (SFT) on two kinds of prompt: a bare question, answered "no", and a revise
     # prompt of the run's template whose unmet item is a word, answered with that word. Held-out tasks ask for

@@ -6,14 +6,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-from conftest import CHAT, SPECIAL, TINY, byte_bpe_tokenizer, torch_or_skip
 from jaxrl_llm.model.config import UnsupportedModelError
 from jaxrl_llm.model.gguf_io import load_gguf, load_gguf_tokenizer, permute_qk, unpermute_qk
 from jaxrl_llm.model.hf_io import CheckpointError, build_model, weight_map
 from jaxrl_llm.model.transformer import init_model
+from tests.helpers import TINY, byte_bpe_tokenizer, torch_or_skip, write_gguf
 
 def _hf_arrays(model):
     pure = nnx.to_pure_dict(nnx.state(model))
@@ -26,56 +26,6 @@ def _hf_arrays(model):
     return out
 
 
-def _gguf_name(hf):
-    from jaxrl_llm.model.gguf_io import hf_name
-    return {hf_name(g): g for g in
-            ["token_embd.weight", "output_norm.weight", "output.weight"] +
-            [f"blk.{i}.{n}.weight" for i in range(TINY.num_layers) for n in
-             ["attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
-              "ffn_down"]]}[hf]
-
-
-def write_gguf(path, cfg, arrays, tok, *, arch="llama", quantized=(), raw_override=None, extra=None):
-    w = GGUFWriter(str(path), arch)
-    w.add_block_count(cfg.num_layers)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_heads)
-    w.add_head_count_kv(cfg.num_kv_heads)
-    w.add_rope_freq_base(cfg.rope_theta)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_rope_dimension_count(cfg.head_dim)
-    vocab = tok.get_vocab()
-    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types([3 if t in SPECIAL else 1 for t in tokens])
-    import json
-    w.add_token_merges([" ".join(m) if isinstance(m, (list, tuple)) else m
-                        for m in json.loads(tok.to_str())["model"]["merges"]])
-    w.add_bos_token_id(vocab["<|im_start|>"])
-    w.add_eos_token_id(vocab["<|im_end|>"])
-    w.add_chat_template(CHAT)
-    for hf, arr in arrays.items():
-        name = _gguf_name(hf)
-        if hf.endswith("q_proj.weight"):
-            arr = permute_qk(arr, cfg.num_heads)
-        elif hf.endswith("k_proj.weight"):
-            arr = permute_qk(arr, cfg.num_kv_heads)
-        if raw_override and name in raw_override:
-            w.add_tensor(name, raw_override[name][0], raw_dtype=raw_override[name][1])
-        elif name in quantized:
-            w.add_tensor(name, quantize(arr, GGMLQuantizationType.Q8_0), raw_dtype=GGMLQuantizationType.Q8_0)
-        else:
-            w.add_tensor(name, arr)
-    for name, arr in (extra or {}).items():
-        w.add_tensor(name, arr)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +49,7 @@ def test_permutation_inverts():
     assert not np.array_equal(permute_qk(w, 4), w)
 
 
+@pytest.mark.slow
 def test_gguf_round_trip_weights_and_logits(setup, tmp_path):
     tok, cfg, model, arrays = setup
     path = tmp_path / "tiny.gguf"
@@ -148,6 +99,7 @@ def test_unsupported_tensor_type_names_the_tensor(setup, tmp_path):
         load_gguf(path)
 
 
+@pytest.mark.slow
 def test_gguf_matches_transformers_gguf_reader(setup, tmp_path):
     """transformers' own GGUF reader (its own Q/K un-permutation) is the oracle, not our permute_qk."""
     torch = torch_or_skip()

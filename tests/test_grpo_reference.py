@@ -11,11 +11,12 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_trainer import _tiny_cfg, _train_rows  # noqa: E402
+from jaxrl_llm.train.loop import Run
+from tests.helpers import _tiny_cfg, _train_rows
 
-from jaxrl_llm.train.loop import Run  # noqa: E402
+pytestmark = pytest.mark.slow  # integration runs: tools/test.sh runs them, `-m "not slow"` leaves them out
 
 DATA = Path(__file__).resolve().parent / "data"
 EXTRAS = ("train.steps=3", "sft.steps=8", "sft.batch_size=16", "sft.lr=0.01", "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=3",

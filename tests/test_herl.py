@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.config import HeRLSection
-from jaxrl_llm.data.tasks import TaskItem
+from jaxrl_llm.data.types import TaskItem
 from jaxrl_llm.explore.base import Setup, StepInfo
 from jaxrl_llm.explore.herl import HeRL, candidates, choose_revisions, failed_groups
 from jaxrl_llm.explore.rows import RowPlan, Rollouts
@@ -119,17 +119,18 @@ def test_revise_replaces_with_revisions_and_gives_the_bonus(train_on):
     """The specification's rules (keep=at_least, train_temperature=guided)."""
     herl = HeRL(HeRLSection(enabled=True, alpha=0.1, train_on=train_on, candidate_limit=8, keep="at_least",
                             train_temperature="guided"), instruction="Be brief.")
-    herl.init(setup)
+    state, footprint = herl.init(setup)
     r = _rollouts(setup)
     # candidates: group 0 rows 1, 2 (tied at 0.5); group 2 rows 8..11 (tied at 0.0): round-robin 1, 8, 2, 9, 10, 11
     stub = _Stub([1.0, 0.0, 0.5, 0.0, 0.0, 0.0])
     info = StepInfo(step=1, prompt_ids=np.arange(3), key=jax.random.key(5))
-    new, m = herl.revise({}, r, info, stub.sample, stub.score, stub.logprobs)
+    new, m = herl.revise(state, r, info, stub.sample, stub.score, stub.logprobs)
     plan, contexts, shape = stub.calls[0]
     assert plan.prompt.tolist() == [0, 2, 0, 2, 2, 2] and plan.hindsight.all()
-    assert np.allclose(plan.temperature, 0.3) and shape == {"min_rows": 8, "min_context": herl.guided_context}
-    assert herl.sampling_calls() == [(8, herl.guided_context)]  # what the memory plan sizes the KV cache for
-    want = herl._revise_text(0, np.array([True, False]), "draft 1")
+    assert np.allclose(plan.temperature, 0.3) and shape == {"min_rows": 8, "min_context": state.run.guided_context}
+    # what the memory plan sizes the KV cache for
+    assert footprint.sampling_calls == ((8, state.run.guided_context),)
+    want = state.run.revise_prompt(0, np.array([True, False]), "draft 1")
     assert contexts[0] == _encode(want) and "Question 0\nBe brief." in want and "draft 1" in want
     assert "- Say A." in want.split("It does not")[0] and "- Say B." in want.split("It does not")[1]
     # bonus: candidate rows r <- r + 0.1 (best revision of the candidate - r)
@@ -169,13 +170,13 @@ def test_default_keeps_only_better_revisions_trained_at_the_rollout_temperature(
     revise prompt too)."""
     setup = _setup()
     herl = HeRL(HeRLSection(enabled=True, train_on=train_on, candidate_limit=8), instruction="")
-    herl.init(setup)
+    state, _ = herl.init(setup)
     r = _rollouts(setup)
     temps = (0.5 + 0.01 * np.arange(12)).astype(np.float32)  # a distinct sampling temperature per row
     r = dataclasses.replace(r, plan=dataclasses.replace(r.plan, temperature=temps),
                             out=dataclasses.replace(r.out, temperature=temps))
     stub = _Stub([1.0, 0.0, 0.5, 0.0, 0.0, 0.0])  # only revision 0 (group 0: 1.0 > 0.5) beats its group's best
-    new, m = herl.revise({}, r, StepInfo(1, np.arange(3), jax.random.key(5)), stub.sample, stub.score, stub.logprobs)
+    new, m = herl.revise(state, r, StepInfo(1, np.arange(3), jax.random.key(5)), stub.sample, stub.score, stub.logprobs)
     assert np.allclose(stub.calls[0][0].temperature, 0.3)  # sampled at the guided temperature
     hind = np.flatnonzero(new.plan.hindsight)
     assert m["herl_kept"] == 1 and m["herl_kept_above_best"] == 1 and len(hind) == 1
@@ -196,16 +197,16 @@ def test_default_keeps_only_better_revisions_trained_at_the_rollout_temperature(
 def test_nothing_failed_or_nothing_qualifies():
     setup = _setup()
     herl = HeRL(HeRLSection(enabled=True, keep_best_original=True), "")
-    herl.init(setup)
+    state, _ = herl.init(setup)
     r = _rollouts(setup)
     solved = dataclasses.replace(r, rewards=np.ones(12, np.float32), scored=np.ones(12, np.float32))
     stub = _Stub([])
-    same, m = herl.revise({}, solved, StepInfo(1, np.arange(3), jax.random.key(0)), stub.sample, stub.score)
+    same, m = herl.revise(state, solved, StepInfo(1, np.arange(3), jax.random.key(0)), stub.sample, stub.score)
     assert same is solved and m["herl_failed_groups"] == 0 and not stub.calls
     # revisions all below their group's best: no revision kept; keep_best_original copies the best response
     stub = _Stub([0.0] * 6)
     r2 = dataclasses.replace(r, scored=np.where(np.arange(12) >= 8, 0.25, r.scored).astype(np.float32))
-    new, m = herl.revise({}, r2, StepInfo(1, np.arange(3), jax.random.key(0)), stub.sample, stub.score,
+    new, m = herl.revise(state, r2, StepInfo(1, np.arange(3), jax.random.key(0)), stub.sample, stub.score,
                          stub.logprobs)
     assert m["herl_kept"] == 2 and not new.plan.hindsight.any()
     assert sorted(new.texts).count("draft 1") == 2  # group 0's best (row 1, first of the tied) copied once
@@ -226,17 +227,18 @@ def test_small_groups_keep_a_sampled_row_and_copies_never_land_on_the_best(seed=
     out = _out([setup.prompts[p] for p in plan.prompt], [[5, 6]] * 7, plan.temperature)
     r = Rollouts(plan, out, scored.copy(), tuple(f"draft {i}" for i in range(7)), met)
     herl = HeRL(HeRLSection(enabled=True, num_guided=3, replace_top_n=3, candidate_limit=16), "")
-    herl.init(setup)
+    state, _ = herl.init(setup)
     stub = _Stub([1.0] * 12)  # candidates rows 1, 2, 5, then 0 (round-robin): 3 revisions each, all solve
-    new, m = herl.revise({}, r, StepInfo(1, np.arange(3), jax.random.key(seed)), stub.sample, stub.score, stub.logprobs)
+    new, m = herl.revise(state, r, StepInfo(1, np.arange(3), jax.random.key(seed)), stub.sample, stub.score,
+                         stub.logprobs)
     hind = new.plan.hindsight
     assert hind[:2].sum() == 1 and not hind[2] and hind[3:].sum() == 3, hind
     assert m["herl_kept"] == 4 and m["herl_trained_reward_mean"] == pytest.approx(new.rewards.mean())
     # keep_best_original, nothing qualifies, candidate limit 1: only group 0 (round-robin first) gets revisions
     for key in range(8):
         herl = HeRL(HeRLSection(enabled=True, keep_best_original=True, candidate_limit=1), "")
-        herl.init(setup)
-        new, m = herl.revise({}, r, StepInfo(1, np.arange(3), jax.random.key(key)), _Stub([-1.0]).sample,
+        state, _ = herl.init(setup)
+        new, m = herl.revise(state, r, StepInfo(1, np.arange(3), jax.random.key(key)), _Stub([-1.0]).sample,
                              _Stub([-1.0]).score, None)
         assert new.texts.count("draft 1") == 2 and new.texts.count("draft 0") == 0  # row 1 (more met) over row 0
         # past the candidate limit too; a group of one is kept as it is
@@ -251,15 +253,15 @@ def test_revisions_of_any_count_compile_nothing_new():
 
     setup = _setup()
     herl = HeRL(HeRLSection(enabled=True, candidate_limit=8), "")
-    herl.init(setup)
+    state, _ = herl.init(setup)
     r = _rollouts(setup)
     info = StepInfo(1, np.arange(3), jax.random.key(0))
-    herl.revise({}, r, info, _Stub([0.0] * 6).sample, _Stub([0.0] * 6).score, _Stub([]).logprobs)  # 6 revisions
+    herl.revise(state, r, info, _Stub([0.0] * 6).sample, _Stub([0.0] * 6).score, _Stub([]).logprobs)  # 6 revisions
     before = compile_counter.compilations()
     for n, scored in ((4, np.where(np.arange(12) < 8, 1.0, r.scored)), (3, np.where(np.arange(12) == 9, 0.5, r.scored))):
         one = dataclasses.replace(r, scored=scored.astype(np.float32), rewards=scored.astype(np.float32))
         stub = _Stub([0.0] * n)
-        _, m = herl.revise({}, one, info, stub.sample, stub.score, stub.logprobs)
+        _, m = herl.revise(state, one, info, stub.sample, stub.score, stub.logprobs)
         assert m["herl_revisions"] == n
     assert compile_counter.compilations() == before
 
@@ -269,25 +271,23 @@ def test_a_rubric_wider_than_the_steps_met_array_lists_its_extra_items_as_unmet(
     to score, the revise prompt still lists all of its items (the missing ones unmet)."""
     setup = _setup()
     herl = HeRL(HeRLSection(enabled=True, candidate_limit=2), "")
-    herl.init(setup)
+    state, _ = herl.init(setup)
     r = _rollouts(setup)
     narrow = dataclasses.replace(r, met=r.met[:, :1])  # as if no row had reported its second item
     stub = _Stub([0.0, 0.0])
-    herl.revise({}, narrow, StepInfo(1, np.arange(3), jax.random.key(0)), stub.sample, stub.score, stub.logprobs)
+    herl.revise(state, narrow, StepInfo(1, np.arange(3), jax.random.key(0)), stub.sample, stub.score, stub.logprobs)
     contexts = stub.calls[0][1]
-    assert contexts[0] == _encode(herl._revise_text(0, np.array([True, False]), "draft 1"))
-    assert contexts[1] == _encode(herl._revise_text(2, np.array([False, False]), "draft 8"))
+    assert contexts[0] == _encode(state.run.revise_prompt(0, np.array([True, False]), "draft 1"))
+    assert contexts[1] == _encode(state.run.revise_prompt(2, np.array([False, False]), "draft 8"))
 
 
+@pytest.mark.slow
 def test_teacher_logprobs_equal_a_plain_forward_of_the_moved_rows(tmp_path):
     """The trainer's teacher-forced pass (HeRL train_on=original) over a few rows, padded to the most a step
     moves (4 here, not the step's 64 rows), equals the rows forward of the same tokens and temperatures."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from flax import nnx
-    from test_trainer import _tiny_cfg
+
+    from tests.helpers import _tiny_cfg
 
     from jaxrl_llm.rl.forward import rows_logp
     from jaxrl_llm.train.loop import Run
@@ -311,11 +311,7 @@ def _herl_trainer_cfg(tmp_path, *overrides):
     """The tiny model on rubric tasks it mostly fails, HeRL on, the policy judging the 'judge' items; ties at
     the group's best are kept (keep=at_least: a random model's revisions rarely beat its group), so that
     every step moves revisions through the update, trained at the rollout temperature (the default)."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from test_trainer import _tiny_cfg
+    from tests.helpers import _tiny_cfg
 
     rows = [{"question": f"Q{i}", "rubric": [
         {"description": "a", "weight": 1, "check": "py:contains_all", "args": {"keywords": ["a"]}},
@@ -334,15 +330,14 @@ def _herl_trainer_cfg(tmp_path, *overrides):
                      "num_kv_heads: 1, head_dim: 16, max_position_embeddings: 1024, tie_embeddings: true}", *overrides)
 
 
+@pytest.mark.slow
 def test_herl_in_the_trainer_keeps_revisions_and_compiles_nothing_after_warmup(tmp_path):
     """Every step revises the failed groups' best responses through the real sampler (under a short
     template), scores them against the original rubrics, keeps some, recomputes their log-probs under the
     original prompt, and trains them with the hindsight loss; the step's programs are all compiled by
     step 2 (the judge's greedy calls included)."""
-    from test_e3 import _compilations
-    from test_trainer import _train_rows
-
     from jaxrl_llm.train.loop import Run
+    from tests.helpers import _compilations, _train_rows
 
     cfg = _herl_trainer_cfg(tmp_path)
     # an empty held-out set (every eval question also a training one) summarises without failing (and
@@ -372,23 +367,21 @@ def test_herl_in_the_trainer_keeps_revisions_and_compiles_nothing_after_warmup(t
     assert sorted(got) == [1, 2, 3, 4, 5, 6] and got[6]["herl_revisions"] == got[6]["herl_candidates"] >= 1
 
 
+@pytest.mark.slow
 def test_herl_trained_under_the_revise_prompt_compiles_nothing_after_warmup(tmp_path):
     """train_on=revise_prompt: kept revisions train under their revise prompts, so the update's context
     bucket holds the longest revise prompt for the whole run (one program), while the step's rows and
     held-out tasks are still sampled with their prompts' own prefill (the revise prompts go through
     HeRL's own sampler call; padding every prompt to the revise prompt's length once gave SmolLM2 runs
     a KV cache of 0.97 GiB instead of 0.37 and slower sampling and evaluation)."""
-    from test_e3 import _compilations
-    from test_trainer import _train_rows
-
     from jaxrl_llm.sampling.buckets import bucket
     from jaxrl_llm.train.loop import Run
+    from tests.helpers import _compilations, _train_rows
 
     cfg = _herl_trainer_cfg(tmp_path, "explore.herl.train_on=revise_prompt", "train.steps=3")
     run = Run(cfg, log=lambda *a: None)
     longest = max(len(ids) for _, ids in run.train_items)
-    herl = run.explorers.explorers[0]
-    assert run.min_context == herl.guided_context > bucket(longest, 16)
+    assert run.min_context == run.state.explore["herl"].run.guided_context > bucket(longest, 16)
     assert run.sampler.shapes(run.rows, longest, 4)[1] == bucket(longest, 16)
     run.train()
     got = _train_rows(cfg.train.out_dir)

@@ -281,6 +281,7 @@ def test_a_run_whose_log_never_appears_ends_the_launch(tmp_path):
     assert rc == 1 and "train.log did not appear within 2 s" in err and "starting the run on g0 failed" in err, err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", ["gpu", "tpu"])
 def test_sigterm_while_streaming_stops_each_run_by_process_id(tmp_path, script):
     """SIGTERM to the launch script while it streams the log: every host's trainer (and only it: another

@@ -7,7 +7,7 @@ import pytest
 
 from flax import nnx
 
-from conftest import torch_or_skip
+from tests.helpers import torch_or_skip
 from jaxrl_llm.model.hf_io import export_hf_folder, load_hf_folder
 from jaxrl_llm.model.transformer import abstract_model
 from jaxrl_llm.sampling.sampler import Sampler
@@ -75,6 +75,7 @@ def _with_config(model, cfg):
     return nnx.merge(graphdef, nnx.state(model))
 
 
+@pytest.mark.slow
 def test_logits_match_transformers(hf_pair):
     name, hf_model, ours, cfg = hf_pair
     ids = np.random.RandomState(1).randint(0, cfg.vocab_size, (3, 40))  # longer than windows and 16
@@ -87,6 +88,7 @@ def test_logits_match_transformers(hf_pair):
         assert np.abs(other - ref).max() > 1e-2, f"{name}: {change} does not change the logits"
 
 
+@pytest.mark.slow
 def test_greedy_32_tokens_match_generate(hf_pair):
     name, hf_model, ours, cfg = hf_pair
     hf_model.generation_config.eos_token_id = None  # no stop tokens on either side
@@ -108,6 +110,7 @@ def test_export_loads_in_transformers(hf_pair, tmp_path):
     np.testing.assert_allclose(_hf_logits(reloaded, ids), _hf_logits(hf_model, ids), atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_bfloat16_params_follow_float32(hf_pair):
     """bfloat16 weights with float32 softmax/logits stay close to the float32 model."""
     name, hf_model, ours, cfg = hf_pair

@@ -20,13 +20,12 @@ import pytest
 import yaml
 from flax import nnx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_rrl import _rrl_cfg  # noqa: E402
-from test_trainer import RESUME_EXIT_CODE, _tiny_cfg, _train_rows, _wait_for_row  # noqa: E402
+from jaxrl_llm.parallel.watchdog import STALE_S
+from jaxrl_llm.train.loop import Run
+from jaxrl_llm.train.stop import RESUME_EXIT_CODE
+from tests.helpers import CACHE_DIR, _rrl_cfg, _tiny_cfg, _train_rows, _wait_for_row
 
-from conftest import CACHE_DIR  # noqa: E402
-from jaxrl_llm.parallel.watchdog import STALE_S  # noqa: E402
-from jaxrl_llm.train.loop import Run  # noqa: E402
+pytestmark = pytest.mark.slow  # integration runs: tools/test.sh runs them, `-m "not slow"` leaves them out
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 5

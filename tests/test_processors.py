@@ -21,6 +21,7 @@ def long_tail_logits(rows, seed=0):
     return np.stack([np.r_[head, rng.normal(0.0, 3.0, V - head.size)] for _ in range(rows)]).astype(np.float32)
 
 
+@pytest.mark.slow
 def test_unfiltered_rows_keep_the_full_vocabulary_beside_a_filtering_row():
     temps = np.array([1.0, 1.0, 0.7, 1.3, 1.0, 0.9, 1.1, 1.0], np.float32)
     logits = jnp.asarray(long_tail_logits(temps.size))

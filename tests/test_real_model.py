@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import torch_or_skip
+from tests.helpers import torch_or_skip
 from jaxrl_llm.model.hf_io import load_hf_folder
 from jaxrl_llm.model.registry import fetch_gguf, prepared_folder
 from jaxrl_llm.model.tokenizer import encode_chat, load_tokenizer
@@ -34,6 +34,7 @@ def _our_logits(model, ids):
     return np.asarray(model.logits(h))[0]
 
 
+@pytest.mark.slow
 def test_prepared_folder_is_a_chat_model(prepared):
     folder, model, cfg, tok, ids = prepared
     assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads) == (30, 576, 9, 3)
@@ -42,6 +43,7 @@ def test_prepared_folder_is_a_chat_model(prepared):
     assert tok.decode(ids).startswith("<|im_start|>system\n") and tok.decode(ids).endswith("<|im_start|>assistant\n")
 
 
+@pytest.mark.slow
 def test_our_gguf_import_matches_transformers_gguf_reader(prepared):
     from transformers import AutoModelForCausalLM
 
@@ -54,6 +56,7 @@ def test_our_gguf_import_matches_transformers_gguf_reader(prepared):
     assert np.abs(got - ref).max() < 1e-3 and np.abs(ref).max() > 10
 
 
+@pytest.mark.slow
 def test_greedy_continuation_matches_transformers(prepared):
     from transformers import AutoModelForCausalLM
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.config import ConfigError, HeRLSection, load_config
-from jaxrl_llm.data.tasks import TaskItem
+from jaxrl_llm.data.types import TaskItem
 from jaxrl_llm.explore.base import Setup
 from jaxrl_llm.explore.herl import HeRL
 from jaxrl_llm.train.revise_eval import Answers, RevisePrompts, call_shape, eval_prompts, run_rounds
@@ -111,13 +111,13 @@ def test_revise_prompts_are_herls():
     prompts = RevisePrompts(template, "Be brief.", items, _encode)
     assert prompts.graded.tolist() == [True, False, True] and prompts.width == 2
     herl = HeRL(HeRLSection(enabled=True), instruction="Be brief.")
-    herl.init(Setup(num_items=3, prompts_per_step=1, group_size=2, rows=2, total_steps=1, steps_per_epoch=1,
-                    vocab_size=100, temperature=1.0, item_difficulty=np.zeros(3, np.float32), items=items,
-                    prompts=[[1]] * 3, max_new_tokens=8, encode=_encode))
+    herl_run = herl.init(Setup(num_items=3, prompts_per_step=1, group_size=2, rows=2, total_steps=1, steps_per_epoch=1,
+                               vocab_size=100, temperature=1.0, item_difficulty=np.zeros(3, np.float32), items=items,
+                               prompts=[[1]] * 3, max_new_tokens=8, encode=_encode))[0].run
     for item, met in ((0, [True, False]), (0, [False, False]), (2, [False])):
         # the evaluation's met vectors are as wide as the widest rubric: columns past an item's rubric are ignored
         padded = np.array(met + [True] * (2 - len(met)))
-        assert prompts.text(item, padded, "my draft") == herl._revise_text(item, np.array(met), "my draft")
+        assert prompts.text(item, padded, "my draft") == herl_run.revise_prompt(item, np.array(met), "my draft")
     text = prompts.text(0, np.array([True, False]), "my draft")
     assert "Question 0\nBe brief." in text and "my draft" in text
     assert "- Say A." in text.split("It does not")[0] and "- Say B." in text.split("It does not")[1]

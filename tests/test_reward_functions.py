@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.config import ConfigError, load_config
-from jaxrl_llm.data.tasks import TaskItem
+from jaxrl_llm.data.types import TaskItem
 from jaxrl_llm.rewards import examples
 from jaxrl_llm.rewards.pool import RewardPool
-from jaxrl_llm.train.rollout import score_parts
+from jaxrl_llm.rewards.scoring import score_parts
+from jaxrl_llm.rewards.types import Score
 
 FNS = str(Path(__file__).resolve().parent / "reward_fns.py")
 
@@ -86,7 +87,7 @@ def test_components_weighted_and_failures_scored_zero_and_counted():
         assert m["reward/has_answer"] == pytest.approx(2 / 3) and m["reward/prompt_echo"] == 1.0
         assert m["reward_fn_errors"] == 12 and "reward.functions[" in m["reward_fn_last_error"]
         np.testing.assert_array_equal(s.correct, [True, False, True])  # the built-in scorer's full marks
-        assert pool.map([("exact", "7", "", "7", "raw")]) == [1.0]  # the pool serves on
+        assert pool.map([("exact", "7", "", "7", "raw")]) == [Score(1.0)]  # the pool serves on
     # the functions alone, accuracy from one of their components
     cfg = _cfg(good, "data.instruction=Say it.", "reward.builtin=false", "reward.correctness=hit")
     with RewardPool(1, 5.0, functions=cfg.reward.functions) as pool:
@@ -114,7 +115,7 @@ def test_worked_examples():
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    from test_trainer import _tiny_cfg
+    from tests.helpers import _tiny_cfg
 
     from jaxrl_llm.train.loop import Run
 
@@ -125,6 +126,7 @@ def tiny_run(tmp_path_factory):
     return [json.loads(ln) for ln in (Path(cfg.train.out_dir) / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_a_run_logs_rewards_that_follow_from_the_built_in_scorer(tiny_run):
     """The task's answer is "7" and responses are one character, so has_answer is the exact scorer's verdict and
     misses_answer its complement: every logged figure follows from the built-in accuracy. `raises` fails on every

@@ -6,8 +6,9 @@ import time
 
 import pytest
 
-from hostile_scorer import environment, run
+from tests.hostile_scorer import environment, run
 from jaxrl_llm.rewards.pool import RewardPool
+from jaxrl_llm.rewards.types import FAILED, Score
 
 
 def _group_gone(pgid: int) -> bool:
@@ -23,7 +24,7 @@ def _group_gone(pgid: int) -> bool:
 @pytest.fixture(scope="module")
 def pool():
     with RewardPool(workers=1, timeout_s=2.0, fn=run, memory_mb=256) as p:
-        assert p.map([("x = 1",)]) == [1.0]
+        assert p.map([("x = 1",)]) == [Score(1.0)]
         yield p
 
 
@@ -35,26 +36,26 @@ def _one(pool, code):
 
 def test_a_100_gb_allocation_scores_0(pool):
     before = pool.stats.memory
-    assert _one(pool, "b = bytearray(100 * 2**30)")[0] == 0.0
+    assert _one(pool, "b = bytearray(100 * 2**30)")[0] == FAILED
     assert pool.stats.memory == before + 1 and "reward.memory_mb" in pool.stats.last_error
-    assert pool.map([("x = 2",)] * 2) == [1.0, 1.0]
+    assert pool.map([("x = 2",)] * 2) == [Score(1.0)] * 2
 
 
 def test_a_fork_is_killed_with_its_group(pool):
     before = pool.stats.killed
     value, pgid = _one(pool, "import os, time\nif os.fork() == 0:\n    time.sleep(1000)")
-    assert value == 0.0 and pool.stats.killed == before + 1 and "left 1 processes running" in pool.stats.last_error
+    assert value == FAILED and pool.stats.killed == before + 1 and "left 1 processes running" in pool.stats.last_error
     assert _group_gone(pgid) and pool.workers[0].proc.pid != pgid
-    assert pool.map([("x = 3",)]) == [1.0]
+    assert pool.map([("x = 3",)]) == [Score(1.0)]
 
 
 def test_an_endless_loop_times_out_and_its_group_dies(pool):
     before = pool.stats.timeouts
     t0 = time.monotonic()
     value, pgid = _one(pool, "import os, time\nif os.fork() == 0:\n    time.sleep(1000)\nwhile True:\n    pass")
-    assert value == 0.0 and pool.stats.timeouts == before + 1 and time.monotonic() - t0 < 10
+    assert value == FAILED and pool.stats.timeouts == before + 1 and time.monotonic() - t0 < 10
     assert _group_gone(pgid)  # the forked child too: a plain kill of the worker once left it running
-    assert pool.map([("x = 4",)]) == [1.0]
+    assert pool.map([("x = 4",)]) == [Score(1.0)]
 
 
 def test_file_writes_fail_and_the_private_folder_goes(pool):
@@ -62,7 +63,7 @@ def test_file_writes_fail_and_the_private_folder_goes(pool):
     before = pool.stats.errors
     folder = pool.workers[0].folder
     for path in ("in_cwd.txt", name):
-        assert _one(pool, f"with open({path!r}, 'w') as f:\n    f.write('x' * 100)")[0] == 0.0
+        assert _one(pool, f"with open({path!r}, 'w') as f:\n    f.write('x' * 100)")[0] == FAILED
     assert pool.stats.errors == before + 2 and "File too large" in pool.stats.last_error
     assert os.path.getsize(os.path.join(folder, "in_cwd.txt")) == 0  # relative paths land in the private folder
     assert os.path.getsize(name) == 0
@@ -74,8 +75,8 @@ def test_file_writes_fail_and_the_private_folder_goes(pool):
 def test_output_is_captured_not_printed(pool, capfd):
     before = pool.stats.output_bytes
     capfd.readouterr()
-    assert _one(pool, "print('SHOUT' * 10)\nimport os\nos.write(2, b'RAW')")[0] == 1.0
-    assert _one(pool, "print('LAST WORDS')\nraise ValueError('boom')")[0] == 0.0
+    assert _one(pool, "print('SHOUT' * 10)\nimport os\nos.write(2, b'RAW')")[0] == Score(1.0)
+    assert _one(pool, "print('LAST WORDS')\nraise ValueError('boom')")[0] == FAILED
     out, err = capfd.readouterr()
     assert "SHOUT" not in out + err and "RAW" not in out + err and "LAST WORDS" not in out + err
     assert pool.stats.output_bytes == before + len("SHOUT" * 10 + "\n") + 3 + len("LAST WORDS\n")
@@ -88,14 +89,14 @@ def test_credentials_are_not_in_the_workers_environment(monkeypatch):
     for name in secrets:
         monkeypatch.setenv(name, "secret-value")
     with RewardPool(workers=1, timeout_s=5.0, fn=environment) as pool:
-        assert pool.map([(secrets,), (["PATH"],)]) == [1.0, 0.0]  # PATH stays: only credentials go
+        assert pool.map([(secrets,), (["PATH"],)]) == [Score(1.0), Score(0.0)]  # PATH stays: only credentials go
 
 
 def test_a_worker_that_dies_while_starting_is_started_again(tmp_path, monkeypatch):
     monkeypatch.setenv("JAXRL_TEST_DIE_ON_START", str(tmp_path / "starts"))
     monkeypatch.setenv("JAXRL_TEST_DEATHS", "2")
     with RewardPool(workers=1, timeout_s=5.0, fn=run, start_retries=2) as pool:
-        assert pool.map([("x = 1",)]) == [1.0]
+        assert pool.map([("x = 1",)]) == [Score(1.0)]
     assert (tmp_path / "starts").read_text() == "xxx"
     (tmp_path / "starts").unlink()
     monkeypatch.setenv("JAXRL_TEST_DEATHS", "3")

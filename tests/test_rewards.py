@@ -6,6 +6,7 @@ import time
 import pytest
 
 from jaxrl_llm.rewards.pool import RewardPool
+from jaxrl_llm.rewards.types import FAILED, Score
 from jaxrl_llm.rewards.verifiers import OWN_SCORERS, REFUSED, extract_answer, render_answer, score
 
 
@@ -33,11 +34,11 @@ def test_scorers():
     import reasoning_gym
     entry = reasoning_gym.create_dataset("basic_arithmetic", size=1, seed=3)[0]
     ej = json.dumps(entry, default=str)
-    assert score("reasoning_gym:basic_arithmetic", entry["answer"], ej, f"<answer>{entry['answer']}</answer>", "tags") == 1.0
-    assert score("reasoning_gym:basic_arithmetic", entry["answer"], ej, "<answer>99999</answer>", "tags") == 0.0
-    assert score("math", "1/2", "", "<answer>0.5</answer>", "tags") == 1.0
-    assert score("math", "1/2", "", "<answer>0.6</answer>", "tags") == 0.0
-    assert score("exact", "Paris", "", "paris", "raw") == 1.0
+    assert score("reasoning_gym:basic_arithmetic", entry["answer"], ej, f"<answer>{entry['answer']}</answer>", "tags") == Score(1.0)
+    assert score("reasoning_gym:basic_arithmetic", entry["answer"], ej, "<answer>99999</answer>", "tags") == Score(0.0)
+    assert score("math", "1/2", "", "<answer>0.5</answer>", "tags") == Score(1.0)
+    assert score("math", "1/2", "", "<answer>0.6</answer>", "tags") == Score(0.0)
+    assert score("exact", "Paris", "", "paris", "raw") == Score(1.0)
 
 
 def test_pool_survives_hangs_and_errors():
@@ -45,11 +46,11 @@ def test_pool_survives_hangs_and_errors():
         t0 = time.monotonic()
         out = pool.map([("ok",), ("hang",), ("raise",), ("ok",), ("hang",), ("ok",)])
         elapsed = time.monotonic() - t0
-        assert out == [1.0, 0.0, 0.0, 1.0, 0.0, 1.0]
+        assert out == [Score(1.0), FAILED, FAILED, Score(1.0), FAILED, Score(1.0)]  # a bare number is its reward
         assert pool.stats.timeouts == 2 and pool.stats.errors == 1
         assert elapsed < 10
-        assert pool.map([("raise",)]) == [0.0] and "broken checker" in pool.stats.last_error
-        assert pool.map([("ok",)] * 4) == [1.0] * 4  # replaced workers serve the next batch
+        assert pool.map([("raise",)]) == [FAILED] and "broken checker" in pool.stats.last_error
+        assert pool.map([("ok",)] * 4) == [Score(1.0)] * 4  # replaced workers serve the next batch
 
 
 def test_a_workers_start_is_not_timed_against_its_first_items():
@@ -58,9 +59,9 @@ def test_a_workers_start_is_not_timed_against_its_first_items():
     worker start over: every item scored 0."""
     import importlib
 
-    fn = importlib.import_module("slow_start_scorer").quick
+    fn = importlib.import_module("tests.slow_start_scorer").quick
     with RewardPool(workers=2, timeout_s=0.5, fn=fn) as pool:
-        assert pool.map([(i,) for i in range(6)]) == [float(i) for i in range(6)]
+        assert pool.map([(i,) for i in range(6)]) == [Score(float(i)) for i in range(6)]
         assert pool.stats.timeouts == 0 and pool.stats.errors == 0
 
 
@@ -78,7 +79,7 @@ def test_gsm_symbolic_keeps_the_minus_sign():
 
     def ours(entry, text):
         return score("reasoning_gym:gsm_symbolic", entry["answer"], json.dumps(entry, default=str),
-                     f"<answer>{text}</answer>", "tags")
+                     f"<answer>{text}</answer>", "tags").reward
 
     assert ours(neg, "-5") == 1.0 and ours(neg, "5") == 0.0
     assert ours(pos, "5") == 1.0 and ours(pos, "-5") == 0.0
@@ -118,7 +119,7 @@ def test_a_pwned_answer_runs_nothing_through_the_pool(name, tmp_path):
     with RewardPool(workers=1, timeout_s=10.0, scorers=[f"reasoning_gym:{name}"]) as pool:
         out = pool.map([(f"reasoning_gym:{name}", entry["answer"], ej, _pwned(ours), "tags"),
                         (f"reasoning_gym:{name}", entry["answer"], ej, f"<answer>{entry['answer']}</answer>", "tags")])
-    assert out == [0.01, 1.0] and not ours.exists()
+    assert out == [Score(0.01), Score(1.0)] and not ours.exists()
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))
@@ -133,7 +134,7 @@ def test_tasks_that_run_answers_are_refused_by_name(name, tmp_path):
         with pytest.raises(RuntimeError, match=rf"could not prepare .*'{name}' is refused"):
             pool.map([("exact", "1", "", "1", "raw")])
     with RewardPool(workers=1, timeout_s=5.0) as pool:  # a job naming it, in a pool that did not prepare it
-        assert pool.map([(f"reasoning_gym:{name}", "", "{}", _pwned(tmp_path / "p"), "tags")]) == [0.0]
+        assert pool.map([(f"reasoning_gym:{name}", "", "{}", _pwned(tmp_path / "p"), "tags")]) == [FAILED]
         assert pool.stats.errors == 1 and "is refused" in pool.stats.last_error
     assert not (tmp_path / "p").exists()
 
@@ -169,6 +170,7 @@ def _expressions(rng, numbers, k):
     return out + ["", "abc", "3 +", "1/0", "2*3", "(1", "-" + str(numbers[0]), f"{numbers[0]}.5"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["countdown", "puzzle24"])
 def test_own_scorers_agree_with_reasoning_gym(name):
     """Our countdown and puzzle24 scorers against reasoning-gym's own (run here on benign answers only), right and

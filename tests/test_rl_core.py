@@ -117,6 +117,7 @@ def _run_update_once(model, mesh_shape, spec, steps, devices):
     return jax.device_get(nnx.to_pure_dict(params)), out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
 def test_micro_batches_equal_one_batch(tiny_model, agg):
     one = _run_update(tiny_model, {"data": 1}, UpdateSpec(loss_agg=agg, micro_batches=1), devices=jax.devices()[:1])
@@ -126,6 +127,7 @@ def test_micro_batches_equal_one_batch(tiny_model, agg):
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6), one[0], four[0])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 fake devices")
 @pytest.mark.parametrize("mesh_shape", [{"data": 1, "fsdp": 8}, {"data": 2, "fsdp": 2, "tensor": 2}])
 def test_sharded_update_equals_single_device(tiny_model, mesh_shape):
@@ -170,6 +172,7 @@ def test_k1_as_a_loss_is_refused_with_the_reason():
         load_config(None, ["algo.kl_estimator=k1", "algo.kl_coef=0.1"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("estimator", ["k2", "k3"])
 def test_kl_term_alone_pulls_the_policy_toward_the_reference(tiny_model, estimator):
     """Zero advantages, a reference that differs from the policy: one update with the KL term moves the
@@ -206,6 +209,7 @@ def test_kl_term_alone_pulls_the_policy_toward_the_reference(tiny_model, estimat
     assert unmoved == pytest.approx(same, abs=1e-6)
 
 
+@pytest.mark.slow
 def test_warmup_starts_above_zero_and_lr_metric_is_the_rate_used(tiny_model):
     """The first update of a warmed-up schedule changes the weights, and the reported rate is the one
     that update applied (SGD: the step is lr * grad, so parameter change / grad = reported lr)."""
@@ -242,6 +246,7 @@ def test_cosine_schedule_by_hand():
     assert got == pytest.approx([0.25, 1.0, 1.0, 0.5, 0.0, 0.0], abs=1e-6)
 
 
+@pytest.mark.slow
 def test_sampler_logprobs_are_the_trainers_at_the_same_positions(tiny_model, tiny_sampler):
     """Rows sampled by the real sampler (mixed temperatures and lengths, stops) go through the update's
     log-prob pass: the gap is ~0 and no token clips. Shifting old log-probs by one position, the kind
@@ -271,6 +276,7 @@ def test_sampler_logprobs_are_the_trainers_at_the_same_positions(tiny_model, tin
 _PLAIN = {}  # the plain update's step, shared by the variants
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["kl", "remat", "bf16"])
 def test_update_variants_agree_with_the_plain_update(tiny_model, variant):
     """KL against a reference equal to the policy adds nothing at the first step; rematerialisation
@@ -359,6 +365,7 @@ def test_hindsight_loss_and_its_gradient_by_hand():
                                                        eps_high=0.28, dual_clip=3.0)[0].sum())(jnp.log(5.0))) == 0.0
 
 
+@pytest.mark.slow
 def test_hindsight_rows_train_with_the_hindsight_weight_in_the_update(tiny_model):
     """Rows flagged hindsight use -A rho / (rho + gamma), the others the clipped loss, in one program:
     the update's loss and its SGD step equal jax.grad of a reference written from the formulas."""

@@ -4,6 +4,7 @@ of one call; the row plan's pieces line up with them."""
 
 import jax
 import numpy as np
+import pytest
 
 from jaxrl_llm.explore.rows import RowPlan, Rollouts
 from jaxrl_llm.sampling.sampler import SampleOutput
@@ -21,6 +22,7 @@ def _row(out: SampleOutput, i: int) -> dict:
             "mask": out.response_mask[i, span].tolist()}
 
 
+@pytest.mark.slow
 def test_outputs_of_different_buckets_concatenate_and_replace(tiny_sampler):
     sampler, state = tiny_sampler
     short = _call(sampler, state, [[5, 6, 7], [8, 9]], 4, 0)  # buffer 16 + 16
@@ -38,6 +40,7 @@ def test_outputs_of_different_buckets_concatenate_and_replace(tiny_sampler):
     assert [_row(both.take(np.array([3, 0])), i) for i in range(2)] == [want[3], want[0]]
 
 
+@pytest.mark.slow
 def test_row_plan_and_rollouts_cut_join_and_patch(tiny_sampler):
     sampler, state = tiny_sampler
     plan = RowPlan.groups([2, 3], 0.7, jax.random.key(0))

@@ -3,21 +3,18 @@ prompt + prefix were the prompt, the prefix carries no loss, E3 + RRL replay eve
 without compiling anything new, and a run stopped by SIGTERM and resumed equals an uninterrupted one,
 the replay array and E3's state bit for bit (the resume test of both explorers)."""
 
-import sys
-from pathlib import Path
-
 import jax
 import numpy as np
+import pytest
 from flax import nnx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_e3 import _compilations, _e3_cfg  # noqa: E402
-from test_trainer import _sigterm_after_row, _train_rows  # noqa: E402
+from jaxrl_llm.config import load_config
+from jaxrl_llm.explore.rows import RowPlan, Rollouts
+from jaxrl_llm.train.loop import Run
+from jaxrl_llm.train.rollout import sample_plan, update_rows, with_advantages
+from tests.helpers import _compilations, _rrl_cfg, _sigterm_after_row, _train_rows
 
-from jaxrl_llm.config import load_config  # noqa: E402
-from jaxrl_llm.explore.rows import RowPlan, Rollouts  # noqa: E402
-from jaxrl_llm.train.loop import Run  # noqa: E402
-from jaxrl_llm.train.rollout import sample_plan, update_rows, with_advantages  # noqa: E402
+pytestmark = pytest.mark.slow  # integration runs: tools/test.sh runs them, `-m "not slow"` leaves them out
 
 
 def test_continuations_sample_like_prompt_plus_prefix_and_carry_no_prefix_loss(tiny_sampler):
@@ -46,23 +43,6 @@ def test_continuations_sample_like_prompt_plus_prefix_and_carry_no_prefix_loss(t
     assert not (rows.loss_mask & out.prefix_mask).any()
     np.testing.assert_array_equal(rows.loss_mask, out.response_mask)
     np.testing.assert_array_equal(rows.context_len, out.prompt_len + np.array([len(p) for p in prefix]))
-
-
-def _rrl_cfg(tmp_path, *extra):
-    """E3 + RRL + HeRL on test_e3's 8 ranked prompts, 4 a step (an epoch is 2 steps: E3's bounds widen
-    to (4, 12) by step 4, ranks re-ranked every 2 steps), after 8 SFT steps; RRL cuts every token of the
-    4-token responses and replays up to 4 states x 4 continuations from step 2 on; HeRL revises up to 4
-    candidates of the failed fresh groups a step (no rubric: the revise prompt has the draft only), keeping
-    ties at the group's best (keep=at_least) so that every failed group swaps one in."""
-    return _e3_cfg(tmp_path, "rollout.max_new_tokens=4", "algo.micro_batch=32", "explore.e3.rank_every=2",
-                   "sft.steps=8", "sft.batch_size=8", "sft.lr=0.01", "explore.rrl.enabled=true",
-                   "explore.rrl.boundary=tokens", "explore.rrl.every_tokens=1", "explore.rrl.warmup_steps=1",
-                   "explore.rrl.replay_ratio=0.5", "explore.rrl.capacity=64", "explore.rrl.priority_temperature=0.5",
-                   "train.steps=7", "train.checkpoint_every=100", "eval.every=100",
-                   "explore.herl.enabled=true", "explore.herl.candidate_limit=4", "explore.herl.keep=at_least",
-                   "explore.herl.revise_template='{question} D {draft} M {met} U {unmet}'",
-                   "model.scratch={hidden_size: 32, intermediate_size: 64, num_layers: 1, num_heads: 2, "
-                   "num_kv_heads: 1, head_dim: 16, max_position_embeddings: 256, tie_embeddings: true}", *extra)
 
 
 def test_e3_rrl_herl_compose_without_recompiling_and_resume_exactly(tmp_path):

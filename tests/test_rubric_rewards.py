@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.config import load_config
-from jaxrl_llm.data.tasks import DataError, TaskItem, load_items, load_splits  # noqa: F401
+from jaxrl_llm.data.tasks import load_items, load_splits
+from jaxrl_llm.data.types import DataError, TaskItem
 from jaxrl_llm.rewards.pool import RewardPool
-from jaxrl_llm.train.rollout import score_rows, score_texts
+from jaxrl_llm.rewards.scoring import score_rows, score_texts
 
 RUBRIC = [{"description": "No commas.", "weight": 1, "check": "ifeval:punctuation:no_comma"},
           {"description": "At most 5 words.", "weight": 3, "check": "py:max_words", "args": {"n": 5}},
@@ -47,6 +48,7 @@ def test_generated_rubric_tasks_split_by_combination():
     assert not (combos(train) & {c for c in combos(held) if len(c) > 1})
 
 
+@pytest.mark.slow
 def test_pool_grades_rubrics_beside_answer_tasks(tmp_path):
     cfg, _ = _cfg(tmp_path, [{"question": "Say hi.", "rubric": RUBRIC}])
     rub = load_items(cfg.data, "train")[0]
@@ -70,6 +72,7 @@ def test_pool_grades_rubrics_beside_answer_tasks(tmp_path):
         assert pool.stats.errors == 1 and rewards.tolist() == [0.0, 1.0] and not met.any()
 
 
+@pytest.mark.slow
 def test_judge_items_are_decided_by_the_judge_and_refused_without_one(tmp_path):
     from jaxrl_llm.rewards.judge import Judge
 
@@ -94,11 +97,7 @@ def test_judge_items_are_decided_by_the_judge_and_refused_without_one(tmp_path):
         no_judge, _ = score_rows(pool, cfg, items, ["a cat sat"], np.array([0]))
         assert no_judge[0] == pytest.approx(0.4)  # judge items unmet without a judge
 
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from test_trainer import _tiny_cfg
+    from tests.helpers import _tiny_cfg
 
     from jaxrl_llm.train.loop import Run
 

@@ -11,7 +11,8 @@ import pytest
 from jaxrl_llm.config import load_config
 from jaxrl_llm.data.rubric_tasks import (BASE_INSTRUCTIONS, FAMILIES, combinations, load_rubric_jsonl,
                                          rubric_items)
-from jaxrl_llm.data.tasks import DataError, load_items
+from jaxrl_llm.data.tasks import load_items
+from jaxrl_llm.data.types import DataError
 from jaxrl_llm.rewards.rubrics import IFEVAL, grade, parse_rubric
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "configs" / "data" / "rubric_example.jsonl"

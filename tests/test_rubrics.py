@@ -14,6 +14,7 @@ from jaxrl_llm.rewards import rubrics
 from jaxrl_llm.rewards.judge import Judge, aligned, judge_items, judge_prompt, parse_verdict, sampler_generate
 from jaxrl_llm.rewards.rubrics import (LEFT_OUT, RubricError, dump_rubric, grade, parse_rubric, register_check,
                                        score_rubric)
+from jaxrl_llm.rewards.types import Score
 from jaxrl_llm.sampling.sampler import Sampler, SampleOutput
 
 
@@ -142,8 +143,8 @@ def test_score_rubric_for_workers():
     items = parse_rubric([item("ifeval:punctuation:no_comma"), item("py:max_words", {"n": 2}, weight=3),
                           item("judge")], "t")
     assert pickle.loads(pickle.dumps(score_rubric)) is score_rubric
-    assert score_rubric(dump_rubric(items), "no commas at all") == (pytest.approx(0.2), [1, 0, 0])
-    assert score_rubric(dump_rubric(items), "two, words") == (pytest.approx(0.6), [0, 1, 0])
+    assert score_rubric(dump_rubric(items), "no commas at all") == Score(pytest.approx(0.2), (1, 0, 0))
+    assert score_rubric(dump_rubric(items), "two, words") == Score(pytest.approx(0.6), (0, 1, 0))
     assert parse_rubric([it.to_dict() for it in items], "t") == items
 
 
@@ -360,17 +361,15 @@ def test_sampler_generate_greedy_chat_decoded():
     assert Judge(generate)([("q", "r", judge_items(JUDGED))]) == [[1, 0]]
 
 
+@pytest.mark.slow
 def test_judge_from_a_local_model_folder(tmp_path):
     """reward.judge=<folder>: the folder's model and tokenizer, loaded once, answer greedily through our
     sampler, exactly as the sampler does on its own."""
-    from pathlib import Path
-
     from jaxrl_llm.model.hf_io import export_hf_folder
     from jaxrl_llm.model.transformer import init_model
     from jaxrl_llm.rewards.judge import load_judge
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from conftest import TINY
+    from tests.helpers import TINY
 
     tok = char_tokenizer()
     model = init_model(TINY.replace(vocab_size=len(tok), eos_token_ids=(tok.eos_token_id,)), seed=2)

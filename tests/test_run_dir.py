@@ -12,13 +12,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from test_checkpoint import _truncate_data as _damage
-from test_trainer import _tiny_cfg, _train_rows
 
 from jaxrl_llm.config import load_config
 from jaxrl_llm.train.checkpoint import CheckpointMismatchError
 from jaxrl_llm.train.loop import Run
 from jaxrl_llm.train.run_dir import ConfigChangedError, RunFolder, RunFolderBusyError, RunFolderUsedError
+from tests.helpers import _tiny_cfg, _train_rows
+from tests.helpers import _truncate_data as _damage
+
+pytestmark = pytest.mark.slow  # integration runs: tools/test.sh runs them, `-m "not slow"` leaves them out
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import forward_logits
+from tests.helpers import forward_logits
 from flax import nnx
 
 from jaxrl_llm.sampling.processors import tempered_logprobs
@@ -21,6 +21,7 @@ def full_logits(model, tokens, width=64):
     return np.asarray(forward_logits(graphdef, state, jnp.asarray(ids)))[0, :len(tokens)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature,stop", [(0.0, ()), (0.8, ()), (1.7, ()), (1.0, (5, 17, 40, 77))])
 def test_cached_decoding_equals_full_recomputation(tiny_model, tiny_sampler, temperature, stop):
     sampler, state = tiny_sampler
@@ -42,6 +43,7 @@ def test_cached_decoding_equals_full_recomputation(tiny_model, tiny_sampler, tem
             assert gen == logits.argmax(-1).tolist()
 
 
+@pytest.mark.slow
 def test_padded_row_samples_what_it_would_alone(tiny_sampler):
     sampler, state = tiny_sampler
     prompts = [[5, 6, 7], list(range(40, 70)), [8] * 9]
@@ -66,6 +68,7 @@ def test_same_key_same_samples_other_key_other_samples(tiny_sampler):
     assert len({tuple(a.generated(i)) for i in range(4)}) > 1  # rows draw independent noise
 
 
+@pytest.mark.slow
 def test_prefix_continuation_marks_prefix_and_continues_greedy(tiny_sampler):
     sampler, state = tiny_sampler
     prompt = [4, 8, 15, 16, 23, 42 % 96]
@@ -89,6 +92,7 @@ def test_stop_tokens_and_per_row_budgets(tiny_sampler):
     assert out.generated(1) == greedy[:min(2, first + 1)]
 
 
+@pytest.mark.slow
 def test_varied_knobs_and_lengths_compile_nothing_new(tiny_sampler):
     sampler, state = tiny_sampler
     # warm-up: batch bucket 4, distinct contexts bucket 4, context 16, new 32

@@ -54,6 +54,7 @@ def assert_matches(tokens, probs):
     assert chisquare(obs, exp).pvalue > 1e-3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature", [0.4, 1.0, 1.8])
 def test_frequencies_match_tempered_softmax(tiny_sampler, next_token_logits, temperature):
     tokens = draw(tiny_sampler, 1, temperature=temperature)

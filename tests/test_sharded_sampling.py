@@ -15,6 +15,7 @@ pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (fake) d
 PROMPTS = [[5, 6, 7], list(range(30, 52)), [9] * 5, [1, 2, 3, 4], [44, 45], [60] * 11, [7], [8, 9]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh_shape", [{"data": 8}, {"data": 2, "fsdp": 2, "tensor": 2}, {"tensor": 2, "fsdp": 4}])
 def test_sharded_sampling_equals_single_device(tiny_model, tiny_sampler, mesh_shape):
     sampler, state = tiny_sampler

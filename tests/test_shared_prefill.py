@@ -44,6 +44,7 @@ def group_batch(sizes, seed=0, shuffle=False):
     return prompts, kwargs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_shared_equals_unshared_for_groups(tiny_sampler, unshared, shuffle):
     sampler, state = tiny_sampler
@@ -60,6 +61,7 @@ def test_shared_equals_unshared_for_groups(tiny_sampler, unshared, shuffle):
     assert len({tuple(ref.generated(i)) for i in group}) > 1
 
 
+@pytest.mark.slow
 def test_shared_equals_unshared_with_prefixes(tiny_sampler, unshared):
     sampler, state = tiny_sampler
     a, b = [3, 9, 27, 81, 50], list(range(10, 22))
@@ -109,6 +111,7 @@ def test_shared_prefill_does_fewer_flops(tiny_sampler, unshared):
     assert flops["shared"] < 0.25 * flops["unshared"], flops
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (fake) devices; set in conftest")
 @pytest.mark.parametrize("mesh_shape", [{"data": 8}, {"data": 2, "fsdp": 2, "tensor": 2}])
 def test_sharded_shared_prefill_equals_single_device(tiny_sampler, mesh_shape):

@@ -10,7 +10,7 @@ import optax
 import pytest
 from flax import nnx
 
-from conftest import TINY
+from tests.helpers import TINY
 from jaxrl_llm.model.transformer import init_model
 from jaxrl_llm.parallel.mesh import make_mesh
 from jaxrl_llm.parallel.rules import shard_state
@@ -84,6 +84,7 @@ def _scatter_back(shared, mb_logp, rows):
     return got
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_shared_logprobs_and_gradients_equal_the_rows_layout(name):
     model = sharp_model(MODELS[name])
@@ -149,6 +150,7 @@ def _update(model, layout, rows, mesh, micro_rows=4, steps=1):
 _ROWS_UPDATE = {}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh_shape", [{"data": 1}, {"data": 2, "fsdp": 2, "tensor": 2}, {"data": 4, "fsdp": 2}])
 def test_shared_update_equals_the_rows_update(mesh_shape):
     """One clipped policy-gradient step: same loss, clip fractions, log-prob gap and parameters, on one

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from stand_in_http import serve
+from tests.stand_in_http import serve
 
 from jaxrl_llm.config import ConfigError, load_config
 from jaxrl_llm.train import stop

@@ -9,11 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_trainer import _tiny_cfg
+from tests.helpers import _tiny_cfg
 
 from jaxrl_llm.rewards.verifiers import score
 from jaxrl_llm.train.loop import Run
 from jaxrl_llm.train.tracking import Tracker
+
+pytestmark = pytest.mark.slow  # integration runs: tools/test.sh runs them, `-m "not slow"` leaves them out
 
 TRACKED = ("logging.wandb=true", "logging.wandb_mode=offline", "logging.samples_every=2",
            "logging.samples_per_step=1000", "train.tensorboard=true")
@@ -162,7 +164,7 @@ def test_samples_match_the_steps_metrics_and_the_verifier(tracked):
             assert np.mean([s["components"][name] for s in rows]) == pytest.approx(train[step][f"reward/{name}"])
         assert np.mean([s["advantage"] for s in rows]) == pytest.approx(0.0, abs=1e-5)  # group-centred
         for s in rows:  # each row's reward and parts recomputed from its completion: the task's scorer + the function
-            text, builtin = s["completion"], score("exact", s["answer"], "", s["completion"], "raw")
+            text, builtin = s["completion"], score("exact", s["answer"], "", s["completion"], "raw").reward
             assert s["components"] == {"builtin": builtin, "chars": len(text), "digit": float(text.strip().isdigit())}
             assert s["reward"] == pytest.approx(builtin + len(text) + text.strip().isdigit(), abs=1e-6)
             assert s["correct"] == (builtin == 1.0) and s["answer"] == "7"

