@@ -70,7 +70,7 @@ def torch_or_skip():
     return pytest.importorskip("torch", reason="torch is the test oracle; install the test extra (torch==2.13.0)")
 
 
-def _tiny_cfg(tmp_path, *extra):
+def tiny_cfg(tmp_path, *extra):
     """A tiny end-to-end run (scratch 1-layer model, 40 one-answer questions, 8 held out) in `tmp_path`."""
     from jaxrl_llm.config import load_config
 
@@ -93,24 +93,24 @@ def _tiny_cfg(tmp_path, *extra):
         "train.memory_check=false", *extra])
 
 
-def _e3_cfg(tmp_path, *extra):
+def e3_cfg(tmp_path, *extra):
     """8 prompts with a data-set difficulty, 4 a step: an epoch is 2 steps, so the bounds widen to
     (4, 12) by step 4 and the allocation follows the seeded ranks from then on."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     data = tmp_path / "ranked.jsonl"
     data.write_text("".join(json.dumps({"question": f"Question {i}: what is the magic word?", "answer": "7",
                                         "scorer": "exact", "difficulty": i / 7}) + "\n" for i in range(8)))
-    return _tiny_cfg(tmp_path, f"data.path={data}", "rollout.group_size=8", "rollout.max_new_tokens=2",
+    return tiny_cfg(tmp_path, f"data.path={data}", "rollout.group_size=8", "rollout.max_new_tokens=2",
                      "algo.micro_batch=8", "explore.e3.enabled=true", "explore.e3.rank_every=100", *extra)
 
 
-def _rrl_cfg(tmp_path, *extra):
-    """E3 + RRL + HeRL on _e3_cfg's 8 ranked prompts, 4 a step (an epoch is 2 steps: E3's bounds widen
+def rrl_cfg(tmp_path, *extra):
+    """E3 + RRL + HeRL on e3_cfg's 8 ranked prompts, 4 a step (an epoch is 2 steps: E3's bounds widen
     to (4, 12) by step 4, ranks re-ranked every 2 steps), after 8 SFT steps; RRL cuts every token of the
     4-token responses and replays up to 4 states x 4 continuations from step 2 on; HeRL revises up to 4
     candidates of the failed fresh groups a step (no rubric: the revise prompt has the draft only), keeping
     ties at the group's best (keep=at_least) so that every failed group swaps one in."""
-    return _e3_cfg(tmp_path, "rollout.max_new_tokens=4", "algo.micro_batch=32", "explore.e3.rank_every=2",
+    return e3_cfg(tmp_path, "rollout.max_new_tokens=4", "algo.micro_batch=32", "explore.e3.rank_every=2",
                    "sft.steps=8", "sft.batch_size=8", "sft.lr=0.01", "explore.rrl.enabled=true",
                    "explore.rrl.boundary=tokens", "explore.rrl.every_tokens=1", "explore.rrl.warmup_steps=1",
                    "explore.rrl.replay_ratio=0.5", "explore.rrl.capacity=64", "explore.rrl.priority_temperature=0.5",
@@ -121,20 +121,20 @@ def _rrl_cfg(tmp_path, *extra):
                    "num_kv_heads: 1, head_dim: 16, max_position_embeddings: 256, tie_embeddings: true}", *extra)
 
 
-def _train_rows(out_dir):
+def train_rows(out_dir):
     """metrics.jsonl's train rows by step, without the wall-clock figures."""
     rows = [json.loads(ln) for ln in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
     return {r["step"]: {k: v for k, v in r.items() if not any(t in k for t in TIMING)}
             for r in rows if r["kind"] == "train"}
 
 
-def _compilations(out_dir) -> list[int]:
+def compilations(out_dir) -> list[int]:
     from jaxrl_llm.train.metrics import read_rows
 
     return [r["compilations"] for r in read_rows(Path(out_dir) / "metrics.jsonl") if r["kind"] == "train"]
 
 
-def _spawn_train(tmp_path, cfg):
+def spawn_train(tmp_path, cfg):
     config = tmp_path / f"run-{time.monotonic_ns()}.yaml"
     config.write_text(yaml.safe_dump(cfg.to_dict()))
     # the tests' compile cache (tests/conftest.py): programs this process compiled are not compiled again there
@@ -144,7 +144,7 @@ def _spawn_train(tmp_path, cfg):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 
-def _wait_for_row(proc, metrics: Path, pattern: str, timeout: float = 240):
+def wait_for_row(proc, metrics: Path, pattern: str, timeout: float = 240):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
         if metrics.exists() and pattern in metrics.read_text():
@@ -153,20 +153,20 @@ def _wait_for_row(proc, metrics: Path, pattern: str, timeout: float = 240):
     raise AssertionError(f"no {pattern!r} row in {metrics} (process exit {proc.poll()})")
 
 
-def _sigterm_after_row(tmp_path, cfg, pattern: str) -> str:
+def sigterm_after_row(tmp_path, cfg, pattern: str) -> str:
     """Train `cfg` in a subprocess, SIGTERM it once metrics.jsonl has a row matching `pattern`; the
     process must save and exit with RESUME_EXIT_CODE (what launch scripts rerun on). Returns its output."""
     from jaxrl_llm.train.stop import RESUME_EXIT_CODE
 
-    proc = _spawn_train(tmp_path, cfg)
-    _wait_for_row(proc, Path(cfg.train.out_dir) / "metrics.jsonl", pattern)
+    proc = spawn_train(tmp_path, cfg)
+    wait_for_row(proc, Path(cfg.train.out_dir) / "metrics.jsonl", pattern)
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == RESUME_EXIT_CODE, out[-2000:]
     return out
 
 
-def _truncate_data(step_dir: Path) -> None:
+def truncate_data(step_dir: Path) -> None:
     """Damage a saved checkpoint step: every array data file cut to half its size."""
     files = [f for f in (step_dir / "arrays").rglob("d/*") if f.is_file() and f.stat().st_size > 64]
     assert files

@@ -27,13 +27,14 @@ def main(argv=None) -> int:
     from jaxrl_llm.config import load_config
     from jaxrl_llm.model.transformer import init_model
     from jaxrl_llm.parallel.mesh import make_mesh
+    from jaxrl_llm.rl.spec import rows_per_step
     from jaxrl_llm.rl.update import make_logprobs
     from jaxrl_llm.sampling.buckets import bucket
 
     cfg = load_config(args.config)
     graphdef, params = nnx.split(init_model(model_config(cfg)))
     mesh = make_mesh({"data": 1, "fsdp": 1, "tensor": 1})
-    before = cfg.rollout.prompts_per_step * cfg.rollout.group_size
+    before = rows_per_step(cfg)
     after = min(before, bucket(cfg.rollout.prompts_per_step * cfg.explore.herl.replace_top_n))
     for name, rows in (("before (the step's rows)", before), ("now (the rows a step can move)", after)):
         fn = make_logprobs(graphdef, cfg.model.compute_dtype, params, mesh, rows)

@@ -17,9 +17,9 @@ from pathlib import Path
 import yaml
 
 from jaxrl_llm.ablate.spec import DONE, LOG, Spec
+from jaxrl_llm.train.metrics import PASS_KS as EVAL_KS
 
 RECORD = ("config.yaml", "metrics.jsonl", DONE)  # what the archive keeps of a finished run (no checkpoints)
-EVAL_KS = (1, 2, 4, 8, 16)
 EVAL_COLUMNS = (("greedy_accuracy", "greedy"), ("sampled_accuracy", "sampled T=1"),
                 *((f"pass@{k}", f"pass@{k}") for k in EVAL_KS), ("never_solved_share", "never solved"),
                 ("greedy_reward_mean", "greedy reward"), ("sampled_reward_mean", "sampled reward"),

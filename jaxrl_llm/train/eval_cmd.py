@@ -43,12 +43,13 @@ from jaxrl_llm.rewards.pool import RewardPool
 from jaxrl_llm.rewards.rubrics import rubric_items
 from jaxrl_llm.rewards.scoring import Scores
 from jaxrl_llm.rl.forward import cast_floats
+from jaxrl_llm.rl.spec import rows_per_step
 from jaxrl_llm.sampling.sampler import Sampler
 from jaxrl_llm.train.evaluate import EVAL_KS, Rounds, sample_graded
-from jaxrl_llm.train.state import PHASE_EVAL
 from jaxrl_llm.train.metrics import pass_at_k, replace_text
 from jaxrl_llm.train.policy import encode_items
 from jaxrl_llm.train.restore import Loaded
+from jaxrl_llm.train.state import PHASE_EVAL
 
 SAMPLED = ("accuracy", "reward_mean", "never_solved_share")
 
@@ -135,7 +136,7 @@ def run_eval(cfg: Config, loaded: Loaded, mesh, out: Path, temperatures=None, pa
                       share_prefill=cfg.rollout.shared_prefix)
     dtype = jnp.dtype(cfg.model.compute_dtype)  # as the run samples: in the update's compute dtype
     params = loaded.params if dtype == jnp.float32 else jax.jit(lambda p: cast_floats(p, dtype))(loaded.params)
-    rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size
+    rows = rows_per_step(cfg)
     judge = _judge(cfg, items, sampler, params, tok, mesh, rows)
     key = jax.random.fold_in(jax.random.fold_in(jax.random.key(loaded.seed), PHASE_EVAL), loaded.step)
     n, lines, all_lengths, by_t, summary = len(items), [], [], {}, {}

@@ -31,6 +31,7 @@ import numpy as np
 
 from jaxrl_llm.config import Config
 from jaxrl_llm.rewards.scoring import Scores, score_parts
+from jaxrl_llm.rl.spec import rows_per_step
 from jaxrl_llm.train.metrics import PASS_KS as EVAL_KS
 from jaxrl_llm.train.metrics import pass_at_k
 from jaxrl_llm.train.policy import encode_text
@@ -52,7 +53,7 @@ def sample_graded(sampler, params, pool, tok, cfg, items, rows, temperature, key
     each row's prompt ids instead of its item's prompt (revise prompts, still scored against the item);
     `scores`: a list that gets each chunk's Scores; `shape`: the sampler's min_rows / min_context floors."""
     max_new = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
-    chunk = cfg.rollout.prompts_per_step * cfg.rollout.group_size
+    chunk = rows_per_step(cfg)
     tasks = [it for it, _ in items]
     rewards, mets, lengths, texts = [], [], [], []
     for c, start in enumerate(range(0, len(rows), chunk)):

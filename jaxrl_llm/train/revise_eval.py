@@ -34,8 +34,9 @@ from jaxrl_llm.config import Config
 from jaxrl_llm.data.types import TaskItem
 from jaxrl_llm.explore.herl import revise_text
 from jaxrl_llm.rewards.rubrics import rubric_items
-from jaxrl_llm.sampling.buckets import bucket
 from jaxrl_llm.rewards.scoring import solved
+from jaxrl_llm.rl.spec import rows_per_step
+from jaxrl_llm.sampling.buckets import bucket
 
 TIE = 1e-6  # rewards closer than this count as unchanged
 
@@ -122,7 +123,7 @@ def call_shape(cfg: Config, prompts: RevisePrompts, max_cache_len: int) -> tuple
     """(rows, context floor) of every revise call: the rollout batch's rows (evaluation's chunk) and the
     prompts' context floor; the form of an explorer's `sampling_calls()` entry, for the memory plan."""
     max_new = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
-    return cfg.rollout.prompts_per_step * cfg.rollout.group_size, prompts.context_floor(max_new, max_cache_len)
+    return rows_per_step(cfg), prompts.context_floor(max_new, max_cache_len)
 
 
 def run_rounds(first: Answers, graded: np.ndarray, rounds: int, revise: Revise) -> dict:

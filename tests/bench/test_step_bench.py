@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from jaxrl_llm.bench.step_bench import bench, table
-from tests.helpers import _tiny_cfg
+from tests.helpers import tiny_cfg
 
 pytestmark = pytest.mark.slow  # integration runs: tools/test.sh runs them, `-m "not slow"` leaves them out
 
 
 def test_step_bench_layouts_and_flops(tmp_path):
-    cfg = _tiny_cfg(tmp_path, "rollout.max_new_tokens=4", "rollout.temperature=1.0")
+    cfg = tiny_cfg(tmp_path, "rollout.max_new_tokens=4", "rollout.temperature=1.0")
     out = bench(cfg, repeats=1, log=lambda *a: None, unshared_micro_batch=16)
     s, u = out["shared"], out["unshared"]
     assert (s["micro_batch_rows"], u["micro_batch_rows"]) == (32, 16)

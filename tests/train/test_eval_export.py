@@ -13,7 +13,7 @@ import pytest
 import yaml
 from flax import nnx
 
-from tests.helpers import TINY, _tiny_cfg, byte_bpe_tokenizer, forward_logits, torch_or_skip, write_gguf
+from tests.helpers import TINY, tiny_cfg, byte_bpe_tokenizer, forward_logits, torch_or_skip, write_gguf
 
 from jaxrl_llm.cli import main
 from jaxrl_llm.model.gguf_io import load_gguf
@@ -41,7 +41,7 @@ def _rows(folder: Path) -> list[dict]:
 def run(tmp_path_factory):
     """A 2-step tiny run (checkpoints 0 and 2), its config file, and its files as training left them."""
     tmp = tmp_path_factory.mktemp("eval")
-    cfg = _tiny_cfg(tmp, "train.steps=2")
+    cfg = tiny_cfg(tmp, "train.steps=2")
     Run(cfg, log=lambda *a: None).train()
     config = tmp / "run.yaml"
     config.write_text(yaml.safe_dump(cfg.to_dict()))

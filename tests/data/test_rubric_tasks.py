@@ -15,7 +15,7 @@ from jaxrl_llm.data.tasks import load_items
 from jaxrl_llm.data.types import DataError
 from jaxrl_llm.rewards.rubrics import IFEVAL, grade, parse_rubric
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "configs" / "data" / "rubric_example.jsonl"
+EXAMPLE = Path(__file__).resolve().parents[2] / "configs" / "data" / "rubric_example.jsonl"
 
 
 def combo(row) -> tuple[str, ...]:

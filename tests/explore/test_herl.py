@@ -287,12 +287,12 @@ def test_teacher_logprobs_equal_a_plain_forward_of_the_moved_rows(tmp_path):
     moves (4 here, not the step's 64 rows), equals the rows forward of the same tokens and temperatures."""
     from flax import nnx
 
-    from tests.helpers import _tiny_cfg
+    from tests.helpers import tiny_cfg
 
     from jaxrl_llm.rl.forward import rows_logp
     from jaxrl_llm.train.loop import Run
 
-    run = Run(_tiny_cfg(tmp_path), log=lambda *a: None)
+    run = Run(tiny_cfg(tmp_path), log=lambda *a: None)
     assert run.rows == 64
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, 60, size=n).tolist() for n in (5, 9, 3)]
@@ -311,7 +311,7 @@ def _herl_trainer_cfg(tmp_path, *overrides):
     """The tiny model on rubric tasks it mostly fails, HeRL on, the policy judging the 'judge' items; ties at
     the group's best are kept (keep=at_least: a random model's revisions rarely beat its group), so that
     every step moves revisions through the update, trained at the rollout temperature (the default)."""
-    from tests.helpers import _tiny_cfg
+    from tests.helpers import tiny_cfg
 
     rows = [{"question": f"Q{i}", "rubric": [
         {"description": "a", "weight": 1, "check": "py:contains_all", "args": {"keywords": ["a"]}},
@@ -319,7 +319,7 @@ def _herl_trainer_cfg(tmp_path, *overrides):
         {"description": "kind", "weight": 1, "check": "judge"}]} for i in range(8)]
     data = tmp_path / "rubric.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return _tiny_cfg(tmp_path, f"data.path={data}", "rollout.group_size=8",
+    return tiny_cfg(tmp_path, f"data.path={data}", "rollout.group_size=8",
                      "rollout.max_new_tokens=4", "algo.micro_batch=32", "explore.herl.enabled=true",
                      "explore.herl.candidate_limit=4", "explore.herl.replace_top_n=2", "explore.herl.keep=at_least",
                      "explore.herl.revise_template='Q {question} D {draft} M {met} U {unmet}'",
@@ -337,7 +337,7 @@ def test_herl_in_the_trainer_keeps_revisions_and_compiles_nothing_after_warmup(t
     original prompt, and trains them with the hindsight loss; the step's programs are all compiled by
     step 2 (the judge's greedy calls included)."""
     from jaxrl_llm.train.loop import Run
-    from tests.helpers import _compilations, _train_rows
+    from tests.helpers import compilations, train_rows
 
     cfg = _herl_trainer_cfg(tmp_path)
     # an empty held-out set (every eval question also a training one) summarises without failing (and
@@ -346,7 +346,7 @@ def test_herl_in_the_trainer_keeps_revisions_and_compiles_nothing_after_warmup(t
     logs = []
     Run(cfg, log=logs.append).train()
     assert any("no held-out problems were evaluated" in ln for ln in logs), logs
-    got = _train_rows(cfg.train.out_dir)
+    got = train_rows(cfg.train.out_dir)
     assert all(got[s]["herl_failed_groups"] >= 1 and got[s]["herl_revisions"] == got[s]["herl_candidates"]
                for s in got)
     assert sum(got[s]["herl_kept"] for s in got) >= 1, got
@@ -357,13 +357,13 @@ def test_herl_in_the_trainer_keeps_revisions_and_compiles_nothing_after_warmup(t
     # every scored row (the step's 32 and the revisions) asked the judge twice without a parsable verdict
     fails = [got[s]["judge_parse_failures"] for s in sorted(got)]
     assert fails[0] >= 32 and all(b - a >= 32 for a, b in zip(fails, fails[1:])), fails
-    counts = _compilations(cfg.train.out_dir)
+    counts = compilations(cfg.train.out_dir)
     assert counts[1:] == [counts[1]] * (len(counts) - 1), counts
     # a resumed HeRL-only run (its explorer state has no arrays, so none is saved) carries on revising
     logs = []
     Run(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=6)), log=logs.append).train()
     assert any(ln.startswith("resumed from") for ln in logs), logs
-    got = _train_rows(cfg.train.out_dir)
+    got = train_rows(cfg.train.out_dir)
     assert sorted(got) == [1, 2, 3, 4, 5, 6] and got[6]["herl_revisions"] == got[6]["herl_candidates"] >= 1
 
 
@@ -376,7 +376,7 @@ def test_herl_trained_under_the_revise_prompt_compiles_nothing_after_warmup(tmp_
     a KV cache of 0.97 GiB instead of 0.37 and slower sampling and evaluation)."""
     from jaxrl_llm.sampling.buckets import bucket
     from jaxrl_llm.train.loop import Run
-    from tests.helpers import _compilations, _train_rows
+    from tests.helpers import compilations, train_rows
 
     cfg = _herl_trainer_cfg(tmp_path, "explore.herl.train_on=revise_prompt", "train.steps=3")
     run = Run(cfg, log=lambda *a: None)
@@ -384,8 +384,8 @@ def test_herl_trained_under_the_revise_prompt_compiles_nothing_after_warmup(tmp_
     assert run.min_context == run.state.explore["herl"].run.guided_context > bucket(longest, 16)
     assert run.sampler.shapes(run.rows, longest, 4)[1] == bucket(longest, 16)
     run.train()
-    got = _train_rows(cfg.train.out_dir)
+    got = train_rows(cfg.train.out_dir)
     assert sum(got[s]["herl_kept"] for s in got) >= 1, got
     assert all(got[s]["herl_revisions"] == got[s]["herl_candidates"] >= 1 for s in got), got
-    counts = _compilations(cfg.train.out_dir)
+    counts = compilations(cfg.train.out_dir)
     assert counts[1:] == [counts[1]] * (len(counts) - 1), counts

@@ -17,12 +17,12 @@ from jaxrl_llm.config import load_config
 from jaxrl_llm.train.checkpoint import CheckpointMismatchError
 from jaxrl_llm.train.loop import Run
 from jaxrl_llm.train.run_dir import ConfigChangedError, RunFolder, RunFolderBusyError, RunFolderUsedError
-from tests.helpers import _tiny_cfg, _train_rows
-from tests.helpers import _truncate_data as _damage
+from tests.helpers import tiny_cfg, train_rows
+from tests.helpers import truncate_data as _damage
 
 pytestmark = pytest.mark.slow  # integration runs: tools/test.sh runs them, `-m "not slow"` leaves them out
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _files(folder: Path, everything: bool = False) -> dict:
@@ -44,12 +44,12 @@ def two_steps(tmp_path_factory):
     `cfg(tmp_path, *overrides)`: the run's config (its data files, unchanged) with its folder in tmp_path, after
     copying the trained folder there."""
     base = tmp_path_factory.mktemp("two_steps")
-    Run(_tiny_cfg(base, "train.steps=2"), log=lambda *a: None).train()
+    Run(tiny_cfg(base, "train.steps=2"), log=lambda *a: None).train()
 
     def cfg(tmp_path, *extra):
         if not (tmp_path / "run").exists():
             shutil.copytree(base / "run", tmp_path / "run")
-        return _tiny_cfg(base, f"train.out_dir={tmp_path / 'run'}", *extra)
+        return tiny_cfg(base, f"train.out_dir={tmp_path / 'run'}", *extra)
 
     return cfg
 
@@ -69,8 +69,8 @@ def test_resume_false_on_a_used_folder_is_refused_and_overwrite_moves_the_old_ru
     assert len(aside) == 1 and any(f"moved the run that was in {out} to {aside[0]}" in ln for ln in logs), logs
     moved = {k: v[:2] for k, v in _files(aside[0]).items()}
     assert moved == {k: v[:2] for k, v in before.items()}  # the old run, whole, nothing deleted
-    assert sorted(_train_rows(out)) == [1] and _steps(out / "checkpoints") == [0, 1]
-    assert sorted(_train_rows(aside[0])) == [1, 2]
+    assert sorted(train_rows(out)) == [1] and _steps(out / "checkpoints") == [0, 1]
+    assert sorted(train_rows(aside[0])) == [1, 2]
     old = Run(two_steps(tmp_path, "train.steps=2", f"train.out_dir={aside[0]}"), log=lambda *a: None)
     assert old.try_resume() and old.state.step == 2  # the old run is a run folder of its own
     assert old.save().endswith(f"already in {aside[0]}/checkpoints/2, kept as it was")  # a re-save writes nothing
@@ -113,11 +113,11 @@ def test_a_second_writer_is_refused_naming_the_holder_and_eval_only_reads_a_live
 
 
 def test_a_resume_with_another_config_is_refused_naming_each_key(tmp_path):
-    cfg = _tiny_cfg(tmp_path, "train.steps=1", "optim.schedule=cosine")
+    cfg = tiny_cfg(tmp_path, "train.steps=1", "optim.schedule=cosine")
     Run(cfg, log=lambda *a: None).train()
     out = Path(cfg.train.out_dir)
     data = Path(cfg.data.path)
-    changed = _tiny_cfg(tmp_path, "train.steps=2", "optim.schedule=cosine", "optim.lr=0.01")
+    changed = tiny_cfg(tmp_path, "train.steps=2", "optim.schedule=cosine", "optim.lr=0.01")
     data.write_text(data.read_text().replace("magic word", "secret word"))  # another file at the same path
     before = _files(out)
     with pytest.raises(ConfigChangedError, match=r"checkpoints/1 was written with another config: "
@@ -127,7 +127,7 @@ def test_a_resume_with_another_config_is_refused_naming_each_key(tmp_path):
     assert _files(out) == before
 
     logs = []
-    accepted = _tiny_cfg(tmp_path, "train.steps=2", "optim.schedule=cosine", "optim.lr=0.01",
+    accepted = tiny_cfg(tmp_path, "train.steps=2", "optim.schedule=cosine", "optim.lr=0.01",
                          "train.accept_changes=data.path,optim.lr")
     data.write_text(data.read_text().replace("magic word", "secret word"))
     run = Run(accepted, log=logs.append)
@@ -147,7 +147,7 @@ def test_a_resume_with_another_config_is_refused_naming_each_key(tmp_path):
     del record["config"]
     registry.write_text(json.dumps(record))
     logs = []
-    assert Run(_tiny_cfg(tmp_path, "train.steps=2", "optim.lr=0.5"), log=logs.append).try_resume()
+    assert Run(tiny_cfg(tmp_path, "train.steps=2", "optim.lr=0.5"), log=logs.append).try_resume()
     assert [ln for ln in logs if "config" in ln] == [
         f"{out.absolute() / 'checkpoints'}/2 has no config record (written before runs kept one): the config is not "
         f"checked against it"]
@@ -157,10 +157,10 @@ def test_per_item_state_of_another_size_is_an_error_not_damage(tmp_path):
     """E3 keeps state per training item: with the data changed (accepted), its arrays no longer fit. That is an
     error naming the arrays, and every checkpoint stays where it is (it used to be moved aside as damaged)."""
     e3 = ("explore.e3.enabled=true", "explore.e3.n_high=20", "train.steps=1")
-    cfg = _tiny_cfg(tmp_path, *e3)
+    cfg = tiny_cfg(tmp_path, *e3)
     Run(cfg, log=lambda *a: None).train()
     out = Path(cfg.train.out_dir)
-    more = _tiny_cfg(tmp_path, *e3, "train.accept_changes=data.path")
+    more = tiny_cfg(tmp_path, *e3, "train.accept_changes=data.path")
     data = Path(more.data.path)
     data.write_text(data.read_text() + json.dumps({"question": "One more?", "answer": "7", "scorer": "exact"}) + "\n")
     before = _files(out)

@@ -14,7 +14,7 @@ from jaxrl_llm import cli
 from jaxrl_llm.ablate import controls
 from jaxrl_llm.ablate.records import RunData
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(arm, train_rows, evals=()):

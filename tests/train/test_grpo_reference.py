@@ -1,7 +1,7 @@
 """Plain GRPO through the exploration seam equals the trainer before the seam existed.
 
 The reference (tests/data/grpo_reference.*) was recorded with the pre-seam trainer (commit 5b54133)
-by `python tests/test_grpo_reference.py --record`: three RL steps of a tiny scratch model (two
+by `python -m tests.train.test_grpo_reference --record`: three RL steps of a tiny scratch model (two
 minibatches, so the minibatch permutation is exercised), every non-timing train metric and every
 parameter afterwards."""
 
@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.train.loop import Run
-from tests.helpers import _tiny_cfg, _train_rows
+from tests.helpers import tiny_cfg, train_rows
 
 pytestmark = pytest.mark.slow  # integration runs: tools/test.sh runs them, `-m "not slow"` leaves them out
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 EXTRAS = ("train.steps=3", "sft.steps=8", "sft.batch_size=16", "sft.lr=0.01", "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=3",
           "algo.minibatches=2", "algo.micro_batch=8", "optim.lr=0.01", "train.checkpoint_every=100")
 # keys that did not exist when the reference was recorded (new metrics are allowed, changed ones are not)
@@ -31,9 +31,9 @@ def _flat_params(params) -> dict:
 
 
 def _reference_run(tmp: Path):
-    run = Run(_tiny_cfg(tmp, *EXTRAS), log=lambda *a: None)
+    run = Run(tiny_cfg(tmp, *EXTRAS), log=lambda *a: None)
     run.train()
-    return _train_rows(run.cfg.train.out_dir), _flat_params(run.state.params)
+    return train_rows(run.cfg.train.out_dir), _flat_params(run.state.params)
 
 
 def test_plain_grpo_through_the_seam_matches_the_recorded_trainer(tmp_path):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.train import checkpoint as ck
-from tests.helpers import _truncate_data
+from tests.helpers import truncate_data
 
 
 def _du(folder: Path) -> int:
@@ -164,7 +164,7 @@ def test_damage_is_told_from_other_failures(tmp_path):
         ckpt.save(1, _small(1), {"model_signature": {"m": 1}}, wait=True)
         data = [f for f in (ckpt.directory / "1" / "arrays").rglob("d/*") if f.is_file() and f.stat().st_size > 64]
         if case == "truncated":
-            _truncate_data(ckpt.directory / "1")
+            truncate_data(ckpt.directory / "1")
         elif case == "missing":
             for f in data:
                 f.unlink()
@@ -208,7 +208,7 @@ def test_a_damaged_checkpoint_costs_one_line_of_output(tmp_path):
     import sys
 
     proc = subprocess.run([sys.executable, "-c", _NOISE, str(tmp_path / "checkpoints")], capture_output=True,
-                          text=True, timeout=240, cwd=Path(__file__).resolve().parents[1])
+                          text=True, timeout=240, cwd=Path(__file__).resolve().parents[2])
     lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip() and "absl" not in ln]
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert len(lines) == 2, "\n".join(lines[:40])

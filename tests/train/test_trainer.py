@@ -18,9 +18,9 @@ from jaxrl_llm.data.types import DataError
 from jaxrl_llm.train.checkpoint import CheckpointMismatchError
 from jaxrl_llm.train.loop import Run
 from jaxrl_llm.train.policy import encode_items
-from tests.helpers import _sigterm_after_row, _spawn_train, _tiny_cfg, _train_rows, _wait_for_row
+from tests.helpers import sigterm_after_row, spawn_train, tiny_cfg, train_rows, wait_for_row
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
@@ -51,7 +51,7 @@ def toy_run(tmp_path_factory):
     policy exported, and a maintenance URL nothing answers (port 9), which must not stop or slow it.
     Returns (its folder's parent, config, the Run after train(), its log lines)."""
     tmp = tmp_path_factory.mktemp("toy")
-    cfg = _tiny_cfg(tmp, "train.steps=12", "train.export_final=true",
+    cfg = tiny_cfg(tmp, "train.steps=12", "train.export_final=true",
                     "train.maintenance_url=http://127.0.0.1:9/nothing")
     logs = []
     run = Run(cfg, log=logs.append)
@@ -62,7 +62,7 @@ def toy_run(tmp_path_factory):
 @pytest.mark.slow
 def test_reward_rises_on_a_toy_run(toy_run):
     _, cfg, _, _ = toy_run
-    rows = _train_rows(cfg.train.out_dir)
+    rows = train_rows(cfg.train.out_dir)
     first, last = rows[1]["reward_mean"], np.mean([rows[s]["reward_mean"] for s in (10, 11, 12)])
     assert first < 0.1 and last > 0.5, (first, last)
 
@@ -84,9 +84,9 @@ def test_compilations_stay_flat_after_warmup_and_final_policy_exports(toy_run):
 
 @pytest.mark.slow
 def test_sigterm_during_rl_saves_a_checkpoint_and_exits_cleanly(tmp_path):
-    cfg = _tiny_cfg(tmp_path, "train.steps=400", "train.checkpoint_every=1000")
+    cfg = tiny_cfg(tmp_path, "train.steps=400", "train.checkpoint_every=1000")
     metrics = Path(cfg.train.out_dir) / "metrics.jsonl"
-    out = _sigterm_after_row(tmp_path, cfg, '"kind": "train"')
+    out = sigterm_after_row(tmp_path, cfg, '"kind": "train"')
     last = max(json.loads(ln)["step"] for ln in metrics.read_text().splitlines())
     assert 1 <= last < 400 and f"stopped by signal (SIGTERM); saved RL step {last} to " in out, out[-2000:]
     run = Run(cfg, log=lambda *a: None)
@@ -118,7 +118,7 @@ def test_a_maintenance_event_saves_and_stops_like_sigterm(tmp_path, toy_run):
     value, seen = ["NONE"], []
     server = _metadata_server(value, seen)
     url = f"http://127.0.0.1:{server.server_address[1]}/computeMetadata/v1/instance/maintenance-event"
-    cfg = _tiny_cfg(tmp_path, "train.steps=400", "train.checkpoint_every=1000", f"train.maintenance_url={url}")
+    cfg = tiny_cfg(tmp_path, "train.steps=400", "train.checkpoint_every=1000", f"train.maintenance_url={url}")
     metrics = Path(cfg.train.out_dir) / "metrics.jsonl"
 
     def announce():
@@ -152,12 +152,12 @@ def sft_stopped(tmp_path_factory):
     lines, its parameters before train(): the scratch model's random initialisation)."""
     tmp = tmp_path_factory.mktemp("sft")
     extras = ("sft.batch_size=16", "algo.kl_coef=0.1", "train.steps=2")
-    out = _sigterm_after_row(tmp, _tiny_cfg(tmp, "sft.steps=100000", *extras), '"kind": "sft"')
+    out = sigterm_after_row(tmp, tiny_cfg(tmp, "sft.steps=100000", *extras), '"kind": "sft"')
     found = re.search(r"stopped by signal \(SIGTERM\); saved SFT step (\d+)/100000 \(policy and SFT optimizer state\)", out)
     assert found, out[-2000:]
     reached = int(found.group(1))
     logs = []
-    run = Run(_tiny_cfg(tmp, f"sft.steps={reached + 10}", *extras), log=logs.append)
+    run = Run(tiny_cfg(tmp, f"sft.steps={reached + 10}", *extras), log=logs.append)
     initial = jax.device_get(nnx.to_pure_dict(run.state.params))
     run.train()
     return tmp, reached, run, logs, initial
@@ -188,11 +188,11 @@ def test_kl_reference_is_the_policy_at_the_start_of_rl(sft_stopped):
     moved = max(float(np.abs(a - b).max()) for a, b in
                 zip(jax.tree.leaves(initial), jax.tree.leaves(jax.device_get(nnx.to_pure_dict(run.state.ref_params)))))
     assert moved > 1e-2  # the reference is the SFT-ed policy, not the random initialisation
-    assert _train_rows(tmp / "run")[1]["kl"] < 1e-6
+    assert train_rows(tmp / "run")[1]["kl"] < 1e-6
 
 
 def _compare_runs(whole_dir, other_dir, steps, ref_params, params, *, stopped_by_config=False):
-    a, b = _train_rows(whole_dir), _train_rows(other_dir)
+    a, b = train_rows(whole_dir), train_rows(other_dir)
     assert sorted(b) == list(range(1, steps + 1))
     for step in range(1, steps + 1):
         assert a[step].keys() == b[step].keys()
@@ -220,21 +220,21 @@ def test_resume_matches_an_uninterrupted_run(tmp_path):
     cleanly after step 2, or killed with SIGKILL in the middle of the run, the resumed run equals the
     uninterrupted one (every metric, every row of metrics.jsonl of every kind, every parameter)."""
     steps = 6
-    whole = _tiny_cfg(tmp_path / "a", f"train.steps={steps}", *RESUME_EXTRAS)
+    whole = tiny_cfg(tmp_path / "a", f"train.steps={steps}", *RESUME_EXTRAS)
     run = Run(whole, log=lambda *a: None)
     run.train()
     ref_params = jax.device_get(nnx.to_pure_dict(run.state.params))
 
-    Run(_tiny_cfg(tmp_path / "b", "train.steps=2", *RESUME_EXTRAS), log=lambda *a: None).train()
-    resumed = Run(_tiny_cfg(tmp_path / "b", f"train.steps={steps}", *RESUME_EXTRAS), log=lambda *a: None)
+    Run(tiny_cfg(tmp_path / "b", "train.steps=2", *RESUME_EXTRAS), log=lambda *a: None).train()
+    resumed = Run(tiny_cfg(tmp_path / "b", f"train.steps={steps}", *RESUME_EXTRAS), log=lambda *a: None)
     resumed.train()
     assert resumed.state.step == steps
     _compare_runs(whole.train.out_dir, tmp_path / "b" / "run", steps, ref_params, resumed.state.params,
                   stopped_by_config=True)
 
-    killed = _tiny_cfg(tmp_path / "c", f"train.steps={steps}", *RESUME_EXTRAS)
-    proc = _spawn_train(tmp_path, killed)
-    _wait_for_row(proc, Path(killed.train.out_dir) / "metrics.jsonl", '"step": 3, "kind": "train"')
+    killed = tiny_cfg(tmp_path / "c", f"train.steps={steps}", *RESUME_EXTRAS)
+    proc = spawn_train(tmp_path, killed)
+    wait_for_row(proc, Path(killed.train.out_dir) / "metrics.jsonl", '"step": 3, "kind": "train"')
     proc.kill()
     proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL
@@ -247,7 +247,7 @@ def test_resume_matches_an_uninterrupted_run(tmp_path):
 
 @pytest.mark.slow
 def test_damaged_newest_checkpoint_falls_back_to_an_intact_one(tmp_path):
-    cfg = _tiny_cfg(tmp_path, "train.steps=4")
+    cfg = tiny_cfg(tmp_path, "train.steps=4")
     Run(cfg, log=lambda *a: None).train()
     ckpts = Path(cfg.train.out_dir) / "checkpoints"
     assert sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit()) == [0, 2, 4]
@@ -260,19 +260,19 @@ def test_damaged_newest_checkpoint_falls_back_to_an_intact_one(tmp_path):
 
     damage(4)
     logs = []
-    run = Run(_tiny_cfg(tmp_path, "train.steps=6"), log=logs.append)
+    run = Run(tiny_cfg(tmp_path, "train.steps=6"), log=logs.append)
     assert run.try_resume() and run.state.step == 2
     assert any(f"checkpoint {ckpts}/4 is damaged" in ln for ln in logs), logs
     assert (ckpts.parent / "checkpoints.damaged" / "4").is_dir() and not (ckpts / "4").exists()
     run.train()  # goes on from step 2 and saves new checkpoints 4 and 6
     assert run.state.step == 6 and (ckpts / "6").is_dir()
-    assert sorted(_train_rows(cfg.train.out_dir)) == list(range(1, 7))
+    assert sorted(train_rows(cfg.train.out_dir)) == list(range(1, 7))
 
     for step in (2, 4, 6):
         damage(step)
     from jaxrl_llm.train.checkpoint import CheckpointDamagedError
     with pytest.raises(CheckpointDamagedError, match=r"no intact checkpoint \(damaged: 6, 4, 2"):
-        Run(_tiny_cfg(tmp_path, "train.steps=8"), log=lambda *a: None).try_resume()
+        Run(tiny_cfg(tmp_path, "train.steps=8"), log=lambda *a: None).try_resume()
 
 
 @pytest.mark.slow
@@ -290,10 +290,10 @@ def test_bf16_sampling_follows_the_trainers_numbers(tmp_path):
     ratio is ~1; with recompute_old_logp the old log-probs are the trainer's own. One run with
     recompute_old_logp measures both gaps: sampler -> recomputed (the trainer's forward outside the update)
     and recomputed -> the update's own forward, whose sum bounds the sampler -> update gap."""
-    cfg = _tiny_cfg(tmp_path, "train.steps=1", "model.compute_dtype=bfloat16", "algo.micro_batch=64",
+    cfg = tiny_cfg(tmp_path, "train.steps=1", "model.compute_dtype=bfloat16", "algo.micro_batch=64",
                     "algo.recompute_old_logp=true")
     Run(cfg, log=lambda *a: None).train()
-    row = _train_rows(cfg.train.out_dir)[1]
+    row = train_rows(cfg.train.out_dir)[1]
     assert row["logp_gap_sampler_trainer"] < 1e-6
     assert row["logp_gap_sampler_recomputed"] < 2e-5
     # sampling with the float32 master weights instead gives 2.5e-4 here (sampler -> update, without recompute)
@@ -326,7 +326,7 @@ def test_eval_leaves_the_recorded_config_and_a_finished_run_says_so(toy_run, tmp
 @pytest.mark.slow
 def test_checkpoint_of_another_model_shape_is_refused(toy_run):
     tmp, *_ = toy_run
-    other = _tiny_cfg(tmp, "train.steps=14", "model.scratch.num_layers=2")
+    other = tiny_cfg(tmp, "train.steps=14", "model.scratch.num_layers=2")
     with pytest.raises(CheckpointMismatchError, match=r"written for model .*'num_layers': 1.*'num_layers': 2"):
         Run(other, log=lambda *a: None).train()
 
@@ -341,7 +341,7 @@ def test_data_row_without_answer_names_file_and_row(tmp_path):
 
 @pytest.mark.parametrize("mode", ["drop", "truncate"])
 def test_overlong_prompts_are_dropped_or_truncated(tmp_path, mode):
-    cfg = _tiny_cfg(tmp_path, "data.max_prompt_len=60", f"data.overlong={mode}")
+    cfg = tiny_cfg(tmp_path, "data.max_prompt_len=60", f"data.overlong={mode}")
     from jaxrl_llm.model.char_tokenizer import char_tokenizer
     from jaxrl_llm.data.types import TaskItem
     items = [TaskItem("a", "short?", "1", "exact"), TaskItem("b", "x" * 100, "1", "exact")]

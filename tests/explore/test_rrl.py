@@ -12,7 +12,7 @@ from jaxrl_llm.config import load_config
 from jaxrl_llm.explore.rows import RowPlan, Rollouts
 from jaxrl_llm.train.loop import Run
 from jaxrl_llm.train.rollout import sample_plan, update_rows, with_advantages
-from tests.helpers import _compilations, _rrl_cfg, _sigterm_after_row, _train_rows
+from tests.helpers import compilations, rrl_cfg, sigterm_after_row, train_rows
 
 pytestmark = pytest.mark.slow  # integration runs: tools/test.sh runs them, `-m "not slow"` leaves them out
 
@@ -49,13 +49,13 @@ def test_e3_rrl_herl_compose_without_recompiling_and_resume_exactly(tmp_path):
     """One run of E3, RRL and HeRL composed, then the same run stopped by SIGTERM after step 3 and
     resumed: every metric, explorer state (E3's tracker, ranks, bounds, temperature and target; RRL's
     replay array and trackers) and parameter equal. Plain GRPO's flat compilations and resume are
-    tests/test_trainer.py's. Five steps (not _rrl_cfg's seven): the bounds reach (4, 12) at step 5, replay
+    tests/test_trainer.py's. Five steps (not rrl_cfg's seven): the bounds reach (4, 12) at step 5, replay
     runs from step 2 and E3 re-ranks at step 4, after the resume."""
     steps = "train.steps=5"
-    whole = _rrl_cfg(tmp_path / "a", steps)
+    whole = rrl_cfg(tmp_path / "a", steps)
     run = Run(whole, log=lambda *a: None)
     run.train()
-    rows = _train_rows(whole.train.out_dir)
+    rows = train_rows(whole.train.out_dir)
     assert rows[1]["rrl_replay_rows"] == 0 and rows[1]["rrl_inserted"] > 0  # warm-up: collect only
     assert all(rows[s]["rrl_replay_rows"] == 16 for s in range(2, 6)), [rows[s]["rrl_replay_rows"] for s in rows]
     # E3 plans 32 fresh rows (bounds widening by epoch), RRL turns 16 of them into continuations, HeRL
@@ -66,20 +66,20 @@ def test_e3_rrl_herl_compose_without_recompiling_and_resume_exactly(tmp_path):
     assert all(kept[s] == rows[s]["herl_failed_groups"] for s in rows) and sum(kept.values()) >= 5, kept
     assert all((hist[s] * np.arange(len(hist[s]))).sum() == (32 if s == 1 else 16) - kept[s] for s in rows), hist
     assert [rows[s]["e3_n_max"] for s in (1, 3, 5)] == [8, 10, 12]
-    counts = _compilations(whole.train.out_dir)  # step 2 is the first with replay rows: flat from there
+    counts = compilations(whole.train.out_dir)  # step 2 is the first with replay rows: flat from there
     assert counts[1:] == [counts[1]] * (len(counts) - 1), counts
     fill = [rows[s]["rrl_fill"] for s in sorted(rows)]
     assert fill[-1] > fill[0] > 0, fill
 
-    stopped = _rrl_cfg(tmp_path / "b", steps)
-    _sigterm_after_row(tmp_path, stopped, '"step": 3, "kind": "train"')
+    stopped = rrl_cfg(tmp_path / "b", steps)
+    sigterm_after_row(tmp_path, stopped, '"step": 3, "kind": "train"')
     logs = []
     resumed = Run(stopped, log=logs.append)
     resumed.train()
     where = [ln for ln in logs if ln.startswith("resumed from")]
     assert where and int(where[0].split("RL step ")[1].rstrip(")")) < 5, logs
     timing = ("time", "_per_s", "compilations")
-    b = _train_rows(stopped.train.out_dir)
+    b = train_rows(stopped.train.out_dir)
     assert sorted(b) == sorted(rows) == list(range(1, 6))
     for s in rows:
         assert {k: v for k, v in rows[s].items() if not any(t in k for t in timing)} == \

@@ -22,7 +22,7 @@ from jaxrl_llm import cli
 from jaxrl_llm.ablate import command, grid as grid_mod, records, report, spec as spec_mod
 from tests.helpers import CACHE_DIR
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_tool(name: str, argv: list[str], monkeypatch) -> int:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.helpers import _tiny_cfg
+from tests.helpers import tiny_cfg
 
 from jaxrl_llm.rewards.verifiers import score
 from jaxrl_llm.train.loop import Run
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow  # integration runs: tools/test.sh runs them, `-m 
 
 TRACKED = ("logging.wandb=true", "logging.wandb_mode=offline", "logging.samples_every=2",
            "logging.samples_per_step=1000", "train.tensorboard=true")
-ROWS = 64  # rollout.prompts_per_step 4 x rollout.group_size 16 in _tiny_cfg
+ROWS = 64  # rollout.prompts_per_step 4 x rollout.group_size 16 in tiny_cfg
 
 
 def _wandb_env(mp, tmp: Path) -> None:
@@ -114,12 +114,12 @@ def tracked(tmp_path_factory):
     extras = (*TRACKED, f"reward.functions=['{tmp / 'fns.py'}:parts']")
     with pytest.MonkeyPatch.context() as mp:
         _wandb_env(mp, tmp)
-        cfg = _tiny_cfg(tmp, "train.steps=4", *extras)
+        cfg = tiny_cfg(tmp, "train.steps=4", *extras)
         Run(cfg, log=lambda *a: None).train()
         out = Path(cfg.train.out_dir)
         first = {name: _rows(out / name) for name in ("metrics.jsonl", "samples.jsonl")}
         shutil.rmtree(out / "checkpoints" / "4")
-        Run(_tiny_cfg(tmp, "train.steps=6", *extras), log=lambda *a: None).train()
+        Run(tiny_cfg(tmp, "train.steps=6", *extras), log=lambda *a: None).train()
     return out, first
 
 
@@ -198,11 +198,11 @@ def test_wandb_turned_on_for_a_run_under_way_gets_its_rows_so_far(tmp_path, monk
     """Without a Run: rows written with W&B off, then a writer resuming them with W&B on (and again, to see that
     the rows it sent are not sent twice)."""
     _wandb_env(monkeypatch, tmp_path)
-    off = Tracker(_tiny_cfg(tmp_path, "logging.wandb=false"))
+    off = Tracker(tiny_cfg(tmp_path, "logging.wandb=false"))
     for step in (1, 2, 3):
         off.write(step, {"loss": step / 4, "note": "not a number"})
     off.close()
-    on = _tiny_cfg(tmp_path, *TRACKED)
+    on = tiny_cfg(tmp_path, *TRACKED)
     for keep, steps in ((2, (3, 4)), (3, (4, 5))):  # the second session redoes step 4, which W&B holds
         writer = Tracker(on, keep_rows=keep)
         for step in steps:
@@ -217,11 +217,11 @@ def test_wandb_turned_on_for_a_run_under_way_gets_its_rows_so_far(tmp_path, monk
 
 def test_wandb_missing_names_the_extra_and_only_wandb_needs_it(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` now fails as if it were not installed
-    cfg = _tiny_cfg(tmp_path, "logging.wandb=true")
+    cfg = tiny_cfg(tmp_path, "logging.wandb=true")
     with pytest.raises(ImportError, match=r"logging\.wandb=true needs the wandb package.*'jaxrl-llm\[wandb\]'"):
         Tracker(cfg)
     assert not Path(cfg.train.out_dir).exists()  # refused before anything was written
-    writer = Tracker(_tiny_cfg(tmp_path, "logging.wandb=false"))
+    writer = Tracker(tiny_cfg(tmp_path, "logging.wandb=false"))
     writer.write(1, {"loss": 0.5})
     writer.close()
     assert [r["loss"] for r in _rows(Path(cfg.train.out_dir) / "metrics.jsonl")] == [0.5]
@@ -230,6 +230,6 @@ def test_wandb_missing_names_the_extra_and_only_wandb_needs_it(tmp_path, monkeyp
 def test_online_without_credentials_is_refused_not_prompted(tmp_path, monkeypatch):
     _wandb_env(monkeypatch, tmp_path)
     (tmp_path / "netrc").write_text("")
-    cfg = _tiny_cfg(tmp_path, "logging.wandb=true", "logging.wandb_mode=online")
+    cfg = tiny_cfg(tmp_path, "logging.wandb=true", "logging.wandb_mode=online")
     with pytest.raises(ValueError, match="logging.wandb_mode=online needs W&B credentials: set WANDB_API_KEY"):
         Tracker(cfg)

@@ -22,7 +22,7 @@ from jaxrl_llm.model.tokenizer import load_tokenizer, read_chat_template
 from jaxrl_llm.train.policy import encode_prompt
 from tests.stand_in_http import serve
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 GSM8K = FIXTURES / "gsm8k_tiny.parquet"
 MATH = FIXTURES / "math_tiny.jsonl"

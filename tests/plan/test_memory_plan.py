@@ -15,7 +15,7 @@ import pytest
 from jaxrl_llm.config import load_config
 from jaxrl_llm.plan.memory import MemoryPlanError, check, format_size, kv_cache_bytes, plan
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRATCH = ("model.scratch={hidden_size: 256, intermediate_size: 1024, num_layers: 2, num_heads: 4, num_kv_heads: 2, "
            "head_dim: 64, max_position_embeddings: 256, tie_embeddings: true}")
 BASE = ["model.name=scratch", SCRATCH, "data.max_prompt_len=64", "rollout.prompts_per_step=4", "rollout.group_size=16",
@@ -164,13 +164,13 @@ def test_fsdp_divides_the_state_and_is_suggested_when_it_fits():
 
 @pytest.mark.slow
 def test_the_trainer_refuses_before_allocating(tmp_path):
-    from tests.helpers import _tiny_cfg
+    from tests.helpers import tiny_cfg
 
     from jaxrl_llm.train.loop import Run
 
     logs = []
     with pytest.raises(MemoryPlanError, match="per device"):
-        Run(_tiny_cfg(tmp_path, "train.memory_check=true", "train.device_memory_gib=0.00001"), log=logs.append)
+        Run(tiny_cfg(tmp_path, "train.memory_check=true", "train.device_memory_gib=0.00001"), log=logs.append)
     assert "memory plan per device" in logs[0]
     assert not (tmp_path / "run" / "checkpoints").exists()  # refused before the run set anything up
 
@@ -181,17 +181,17 @@ def test_a_planned_run_trains_exactly_as_an_unplanned_one(tmp_path):
     and parameter equals the run without the plan."""
     import jax
     from flax import nnx
-    from tests.helpers import _tiny_cfg, _train_rows
+    from tests.helpers import tiny_cfg, train_rows
 
     from jaxrl_llm.train.loop import Run
 
     runs = {}
     for flag in ("true", "false"):
-        cfg = _tiny_cfg(tmp_path / flag, "train.steps=2", f"train.memory_check={flag}")
+        cfg = tiny_cfg(tmp_path / flag, "train.steps=2", f"train.memory_check={flag}")
         run = Run(cfg, log=lambda m: None)
         assert (run.memory_plan is not None) == (flag == "true")
         run.train()
-        runs[flag] = (_train_rows(cfg.train.out_dir), jax.device_get(nnx.to_pure_dict(run.state.params)))
+        runs[flag] = (train_rows(cfg.train.out_dir), jax.device_get(nnx.to_pure_dict(run.state.params)))
     (rows_a, p_a), (rows_b, p_b) = runs["true"], runs["false"]
     assert rows_a == rows_b
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b), p_a, p_b)

@@ -97,11 +97,11 @@ def test_judge_items_are_decided_by_the_judge_and_refused_without_one(tmp_path):
         no_judge, _ = score_rows(pool, cfg, items, ["a cat sat"], np.array([0]))
         assert no_judge[0] == pytest.approx(0.4)  # judge items unmet without a judge
 
-    from tests.helpers import _tiny_cfg
+    from tests.helpers import tiny_cfg
 
     from jaxrl_llm.train.loop import Run
 
     cfg, path = _cfg(tmp_path, [{"question": f"Say hi {i}.", "rubric": judged} for i in range(8)])
-    run_cfg = _tiny_cfg(tmp_path / "run", f"data.path={path}")
+    run_cfg = tiny_cfg(tmp_path / "run", f"data.path={path}")
     with pytest.raises(ValueError, match="rubric items checked by 'judge'.*reward.judge=policy"):
         Run(run_cfg, log=lambda *a: None)

@@ -16,7 +16,7 @@ from jaxrl_llm import cli
 from jaxrl_llm.ablate import intervals
 from jaxrl_llm.data.types import TaskItem
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _interval(arm, base, resamples=4000, seed=0):

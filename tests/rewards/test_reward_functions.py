@@ -15,7 +15,7 @@ from jaxrl_llm.rewards.pool import RewardPool
 from jaxrl_llm.rewards.scoring import score_parts
 from jaxrl_llm.rewards.types import Score
 
-FNS = str(Path(__file__).resolve().parent / "reward_fns.py")
+FNS = str(Path(__file__).resolve().parents[1] / "reward_fns.py")
 
 
 def _cfg(functions, *extra):
@@ -115,13 +115,13 @@ def test_worked_examples():
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    from tests.helpers import _tiny_cfg
+    from tests.helpers import tiny_cfg
 
     from jaxrl_llm.train.loop import Run
 
     functions = [{"name": f"{FNS}:has_answer", "weight": 0.5}, {"name": f"{FNS}:misses_answer", "weight": 0.25},
                  f"{FNS}:raises"]
-    cfg = _tiny_cfg(tmp_path_factory.mktemp("fn_run"), "train.steps=2", f"reward.functions={json.dumps(functions)}")
+    cfg = tiny_cfg(tmp_path_factory.mktemp("fn_run"), "train.steps=2", f"reward.functions={json.dumps(functions)}")
     Run(cfg, log=lambda *a: None).train()
     return [json.loads(ln) for ln in (Path(cfg.train.out_dir) / "metrics.jsonl").read_text().splitlines()]
 

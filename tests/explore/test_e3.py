@@ -10,16 +10,16 @@ import pytest
 
 from jaxrl_llm.explore.temperature import entropy_constant
 from jaxrl_llm.train.loop import Run
-from tests.helpers import _compilations, _e3_cfg, _train_rows
+from tests.helpers import compilations, e3_cfg, train_rows
 
 pytestmark = pytest.mark.slow  # integration runs: tools/test.sh runs them, `-m "not slow"` leaves them out
 
 
 def test_e3_changes_budgets_and_temperature_without_recompiling(tmp_path):
-    cfg = _e3_cfg(tmp_path, "train.steps=9", "train.checkpoint_every=100", "eval.every=100")
+    cfg = e3_cfg(tmp_path, "train.steps=9", "train.checkpoint_every=100", "eval.every=100")
     run = Run(cfg, log=lambda *a: None)
     run.train()
-    rows = _train_rows(cfg.train.out_dir)
+    rows = train_rows(cfg.train.out_dir)
     hist = [np.asarray(rows[s]["e3_group_size_hist"]) for s in sorted(rows)]
     assert all((h * np.arange(len(h))).sum() == 32 for h in hist)  # N = 4 x 8 rows every step
     assert all(h[8] == 4 for h in hist[:2]) and all(h[8] < 4 for h in hist[4:]), hist  # bounds (8, 8) in epoch 1
@@ -29,7 +29,7 @@ def test_e3_changes_budgets_and_temperature_without_recompiling(tmp_path):
     assert len(set(np.round(temps, 6))) > 3, temps  # the controller moved T
     # after warm-up E3 compiles nothing (plain GRPO: tests/test_trainer.py
     # test_compilations_stay_flat_after_warmup_and_final_policy_exports)
-    counts = _compilations(cfg.train.out_dir)
+    counts = compilations(cfg.train.out_dir)
     assert counts[2:] == [counts[2]] * (len(counts) - 2), counts
 
     # the controller, recomputed from the logged entropy and target: T' = T (1 + T ln(H*/H) / k), clamped

@@ -23,11 +23,11 @@ from flax import nnx
 from jaxrl_llm.parallel.watchdog import STALE_S
 from jaxrl_llm.train.loop import Run
 from jaxrl_llm.train.stop import RESUME_EXIT_CODE
-from tests.helpers import CACHE_DIR, _rrl_cfg, _tiny_cfg, _train_rows, _wait_for_row
+from tests.helpers import CACHE_DIR, rrl_cfg, tiny_cfg, train_rows, wait_for_row
 
 pytestmark = pytest.mark.slow  # integration runs: tools/test.sh runs them, `-m "not slow"` leaves them out
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STEPS = 5
 
 
@@ -198,17 +198,17 @@ def _close(a, b, where):
 
 def test_two_hosts_train_as_one_and_stop_and_resume_together(tmp_path):
     shared = ("train.checkpoint_every=1", f"train.steps={STEPS}", "eval.every=5", "eval.size=8")
-    ref_cfg = _rrl_cfg(tmp_path / "one", *shared)
+    ref_cfg = rrl_cfg(tmp_path / "one", *shared)
     ref = Run(ref_cfg, log=lambda *a: None)
     ref.train()
-    want = _train_rows(ref_cfg.train.out_dir)
+    want = train_rows(ref_cfg.train.out_dir)
     assert sum(want[s]["rrl_replay_rows"] for s in want) > 0 and sum(want[s]["herl_kept"] for s in want) > 0
     assert 0 < np.mean([want[s]["reward_mean"] for s in want]) < 1  # rewards that differ: scoring matters
 
-    cfg = _rrl_cfg(tmp_path / "two", *shared)
+    cfg = rrl_cfg(tmp_path / "two", *shared)
     metrics = Path(cfg.train.out_dir) / "metrics.jsonl"
     procs = _spawn_pair(tmp_path, cfg)
-    _wait_for_row(procs[0], metrics, '"step": 2, "kind": "train"', timeout=400)
+    wait_for_row(procs[0], metrics, '"step": 2, "kind": "train"', timeout=400)
     procs[1].send_signal(signal.SIGTERM)  # one host is told to stop: both must stop, at the same step
     (rc0, out0), (rc1, out1) = _finish(procs)
     assert (rc0, rc1) == (RESUME_EXIT_CODE, RESUME_EXIT_CODE), (out0[-3000:], out1[-3000:])
@@ -222,7 +222,7 @@ def test_two_hosts_train_as_one_and_stop_and_resume_together(tmp_path):
     (rc0, out0), (rc1, out1) = _finish(_spawn_pair(tmp_path, cfg))
     assert (rc0, rc1) == (0, 0), (out0[-3000:], out1[-3000:])
     assert "resumed from" in out0, out0[-2000:]
-    got = _train_rows(cfg.train.out_dir)
+    got = train_rows(cfg.train.out_dir)
     assert sorted(got) == sorted(want) == list(range(1, STEPS + 1))
     for s in want:
         assert sorted(got[s]) == sorted(want[s]), s
@@ -260,12 +260,12 @@ def test_a_silent_process_ends_the_run_with_the_resume_status_naming_it(tmp_path
     next collective. Within the watchdog's bound (what it reports: K x the median recent step, at least
     watchdog_floor_s) plus STALE_S of silent heartbeats it exits 75, naming the silent process; that holds
     for the coordinator (process 0, which serves the key-value store) too."""
-    cfg = _tiny_cfg(tmp_path, "train.steps=10000", "train.checkpoint_every=10000", "train.watchdog_floor_s=2",
+    cfg = tiny_cfg(tmp_path, "train.steps=10000", "train.checkpoint_every=10000", "train.watchdog_floor_s=2",
                     "train.watchdog_ceiling_s=600")
     procs = _spawn_pair(tmp_path, cfg)
     live = procs[1 - silent]
     try:
-        _wait_for_row(procs[0], Path(cfg.train.out_dir) / "metrics.jsonl", '"step": 3, "kind": "train"', timeout=400)
+        wait_for_row(procs[0], Path(cfg.train.out_dir) / "metrics.jsonl", '"step": 3, "kind": "train"', timeout=400)
         procs[silent].send_signal(signal.SIGSTOP)
         stopped_at = time.monotonic()
         out, _ = live.communicate(timeout=120)
