@@ -141,8 +141,9 @@ def test_a_revise_round_meets_what_the_unmet_item_names(tmp_path):
         out = evaluate(sampler, params, pool, run.tok, cfg, items, key)
         after = compile_counter.compilations()
         again = evaluate(run.sampler, params, pool, run.tok, cfg, items, key)
-    # every revise call of every round and pass runs one program, compiled once
-    assert after - before == 1 and compile_counter.compilations() == after
+    # every revise call of every round and pass runs one program, compiled once (or not at all here, when an earlier
+    # test in this worker process already compiled a program of the same shapes: the jit cache is per process)
+    assert after - before <= 1 and compile_counter.compilations() == after
     timeless = lambda m: {k: v for k, v in m.items() if k != "time_eval_s"}  # noqa: E731
     assert timeless(again) == timeless(out)
     # the first answers are what they are without rounds (the rounds draw keys of their own)
