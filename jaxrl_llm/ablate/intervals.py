@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxrl_llm.ablate.grid import OFFLINE_ENV, log_tail
-from jaxrl_llm.ablate.records import EVAL_COLUMNS, by_step, load_rows, run_steps, run_summary
+from jaxrl_llm.ablate.records import EVAL_COLUMNS, Stat, aggregate, by_step, load_rows, run_steps, run_summary
 from jaxrl_llm.ablate.spec import Spec, SpecError
 
 FIGURE_TOL = 1e-6  # eval vs the run's own row: the same computation, so only float printing may differ
@@ -147,7 +147,7 @@ def compare(arm: list[RunOutcomes], base: list[RunOutcomes], figures: list[str],
     lines = []
     for i, f in enumerate(figures):
         seed_means = [v[:, :, i].mean(axis=1) for v in stack]
-        lines.append({"figure": f, "arm": _mean_std(seed_means[0]), "base": _mean_std(seed_means[1]),
+        lines.append({"figure": f, "arm": aggregate(seed_means[0].tolist()), "base": aggregate(seed_means[1].tolist()),
                       "diff": float(seed_means[0].mean() - seed_means[1].mean()),
                       "lo": float(lo[i]), "hi": float(hi[i]), "welch_p": welch_p(*seed_means)})
     return lines
@@ -165,10 +165,6 @@ def welch_p(a: np.ndarray, b: np.ndarray) -> float:
         return math.nan
     df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))  # Welch-Satterthwaite
     return float(2 * t_dist.sf(abs(a.mean() - b.mean()) / math.sqrt(va + vb), df))
-
-
-def _mean_std(x: np.ndarray) -> tuple[float, float]:
-    return float(x.mean()), float(x.std(ddof=1)) if len(x) > 1 else math.nan
 
 
 def difficulty_key(item) -> tuple | None:
@@ -281,9 +277,8 @@ def _signed(x: float) -> str:
     return f"{x:+.3f}"
 
 
-def _stat(mean_std: tuple[float, float]) -> str:
-    mean, std = mean_std
-    return f"{mean:.3f}" + ("" if math.isnan(std) else f" ± {std:.3f}")
+def _stat(stat: Stat) -> str:
+    return f"{stat.mean:.3f}" + ("" if stat.n < 2 else f" ± {stat.std:.3f}")
 
 
 def _budget(runs: list[RunOutcomes], key: str, fmt: str) -> str:
