@@ -275,7 +275,7 @@ def _check_shapes(where: str, saved: dict | None, like: dict) -> None:
 def _quiet_closed_loop_reports() -> None:
     """orbax reads arrays through tensorstore futures on an event loop it closes as soon as one read fails.
     Each read still pending then reports 'RuntimeError: Event loop is closed' through sys.unraisablehook as it
-    completes, and each other failed read 'Future exception was never retrieved' through asyncio's logger:
+    completes, and each other failed read 'Future (or Task) exception was never retrieved' through asyncio's logger:
     about 95 tracebacks for a small model around the one line that matters. Drop exactly those (tensorstore
     reads that failed after the restore had already failed), pass anything else on."""
     previous = sys.unraisablehook
@@ -295,5 +295,6 @@ def _quiet_closed_loop_reports() -> None:
 def _unretrieved_read_failure(record: logging.LogRecord) -> bool:
     """False (drop) for asyncio's report of a failed tensorstore read nobody awaited any more."""
     exc = record.exc_info[1] if record.exc_info else None
-    return not (str(record.msg).startswith("Future exception was never retrieved") and exc is not None
+    return not (str(record.msg).startswith(("Future exception was never retrieved", "Task exception was never retrieved"))
+                and exc is not None
                 and "tensorstore_spec" in str(exc))

@@ -219,7 +219,7 @@ def test_a_damaged_checkpoint_costs_one_line_of_output(tmp_path):
 
 def test_only_the_reports_of_reads_left_behind_by_a_failed_restore_are_dropped(monkeypatch, caplog):
     """The two kinds of report orbax's abandoned reads make ('Event loop is closed' through sys.unraisablehook;
-    asyncio's 'Future exception was never retrieved' for a failed tensorstore read) are dropped, deterministically;
+    asyncio's 'Future/Task exception was never retrieved' for a failed tensorstore read) are dropped, deterministically;
     any other unraisable error and any other asyncio error still reach the user."""
     import logging
     import sys
@@ -248,5 +248,9 @@ def test_only_the_reports_of_reads_left_behind_by_a_failed_restore_are_dropped(m
     with caplog.at_level(logging.ERROR, logger="asyncio"):
         report("Future exception was never retrieved", ValueError("NOT_FOUND: ... tensorstore_spec {...}"))
         report("Future exception was never retrieved", ValueError("a user's own future"))
+        report("Task exception was never retrieved\nfuture: <Task finished name='Task-377' coro=<async_deserialize()>>",
+               ValueError("OUT_OF_RANGE: ... tensorstore_spec {...}"))
+        report("Task exception was never retrieved", ValueError("a user's own task"))
         report("Task was destroyed but it is pending!", ValueError("tensorstore_spec"))
-    assert [r.exc_info[1].args[0] for r in caplog.records] == ["a user's own future", "tensorstore_spec"]
+    assert [r.exc_info[1].args[0] for r in caplog.records] == ["a user's own future", "a user's own task",
+                                                               "tensorstore_spec"]
