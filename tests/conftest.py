@@ -11,7 +11,7 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from tests.helpers import CACHE_DIR, TINY  # noqa: E402
+from tests.helpers import CACHE_DIR, RRL_REFERENCE, TINY, rrl_cfg  # noqa: E402
 
 jax.config.update("jax_compilation_cache_dir", CACHE_DIR)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
@@ -34,13 +34,39 @@ def tiny_sampler(tiny_model):
     return Sampler.for_model(tiny_model, pad_id=0, stop_ids=())
 
 
+@pytest.fixture(scope="session")
+def rrl_reference(tmp_path_factory):
+    """(config, finished Run): E3, RRL and HeRL composed, trained uninterrupted in this process (RRL_REFERENCE).
+    The oracle of the resumed single-process run (tests/explore/test_rrl.py) and of the two-host pair
+    (tests/parallel/test_multihost.py); both tests carry xdist_group("rrl_reference"), so it is trained once."""
+    from jaxrl_llm.train.loop import Run
+
+    cfg = rrl_cfg(tmp_path_factory.mktemp("rrl_reference"), *RRL_REFERENCE)
+    run = Run(cfg, log=lambda *a: None)
+    run.train()
+    return cfg, run
+
+
 # Modules whose tests share an expensive module-scoped run: with `pytest -n N --dist loadgroup` (tools/test.sh)
 # each goes to one worker whole, so the run is built once, not once per worker that gets some of its tests.
 SHARED_RUN_MODULES = {"test_trainer.py", "test_run_dir.py", "test_eval_export.py", "test_tracking.py",
                       "test_memory_bench.py", "test_real_model.py", "test_explore_correctness.py"}
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
     for item in items:
         if item.path.name in SHARED_RUN_MODULES:
             item.add_marker(pytest.mark.xdist_group(item.path.stem))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session):
+    """Under `--dist loadgroup`, pytest-xdist marks a grouped test by suffixing its node id with '@group'; where
+    a pytest release changes how node ids are stored the suffix is silently lost and each worker builds the
+    shared runs again (pytest 9.2 with xdist 3.8). Refuse to run rather than run slowly."""
+    if getattr(session.config.option, "loadgroup", False):
+        lost = [i.nodeid for i in session.items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
+        if lost:
+            raise pytest.UsageError(f"--dist loadgroup lost the xdist_group of {len(lost)} tests ({lost[0]}): this "
+                                    "pytest / pytest-xdist pair does not group; see pyproject.toml's test extras")

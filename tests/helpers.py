@@ -121,6 +121,12 @@ def rrl_cfg(tmp_path, *extra):
                    "num_kv_heads: 1, head_dim: 16, max_position_embeddings: 256, tie_embeddings: true}", *extra)
 
 
+# The E3 + RRL + HeRL reference run (tests/conftest.py `rrl_reference`): five steps, a checkpoint every step,
+# evaluation at steps 0 and 5. The bounds reach (4, 12) at step 5, replay runs from step 2, E3 re-ranks at step 4.
+RRL_STEPS = 5
+RRL_REFERENCE = (f"train.steps={RRL_STEPS}", "train.checkpoint_every=1", "eval.every=5", "eval.size=8")
+
+
 def train_rows(out_dir):
     """metrics.jsonl's train rows by step, without the wall-clock figures."""
     rows = [json.loads(ln) for ln in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
@@ -137,11 +143,15 @@ def compilations(out_dir) -> list[int]:
 def spawn_train(tmp_path, cfg):
     config = tmp_path / f"run-{time.monotonic_ns()}.yaml"
     config.write_text(yaml.safe_dump(cfg.to_dict()))
-    # the tests' compile cache (tests/conftest.py): programs this process compiled are not compiled again there
-    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": CACHE_DIR, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS":
-           str(jax.config.jax_persistent_cache_min_compile_time_secs)}
     return subprocess.Popen([sys.executable, "-m", "jaxrl_llm.cli", "train", "--config", str(config)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=subprocess_env())
+
+
+def subprocess_env(**extra) -> dict:
+    """This environment plus the tests' compile cache (tests/conftest.py) at its threshold: a program another
+    test or process compiled is read back, not compiled again."""
+    return {**os.environ, "JAX_COMPILATION_CACHE_DIR": CACHE_DIR, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS":
+            str(jax.config.jax_persistent_cache_min_compile_time_secs), **extra}
 
 
 def wait_for_row(proc, metrics: Path, pattern: str, timeout: float = 240):

@@ -12,7 +12,7 @@ from jaxrl_llm.config import load_config
 from jaxrl_llm.explore.rows import RowPlan, Rollouts
 from jaxrl_llm.train.loop import Run
 from jaxrl_llm.train.rollout import sample_plan, update_rows, with_advantages
-from tests.helpers import compilations, rrl_cfg, sigterm_after_row, train_rows
+from tests.helpers import RRL_REFERENCE, compilations, rrl_cfg, sigterm_after_row, train_rows
 
 pytestmark = pytest.mark.slow  # integration runs: tools/test.sh runs them, `-m "not slow"` leaves them out
 
@@ -45,16 +45,14 @@ def test_continuations_sample_like_prompt_plus_prefix_and_carry_no_prefix_loss(t
     np.testing.assert_array_equal(rows.context_len, out.prompt_len + np.array([len(p) for p in prefix]))
 
 
-def test_e3_rrl_herl_compose_without_recompiling_and_resume_exactly(tmp_path):
-    """One run of E3, RRL and HeRL composed, then the same run stopped by SIGTERM after step 3 and
-    resumed: every metric, explorer state (E3's tracker, ranks, bounds, temperature and target; RRL's
-    replay array and trackers) and parameter equal. Plain GRPO's flat compilations and resume are
-    tests/test_trainer.py's. Five steps (not rrl_cfg's seven): the bounds reach (4, 12) at step 5, replay
-    runs from step 2 and E3 re-ranks at step 4, after the resume."""
-    steps = "train.steps=5"
-    whole = rrl_cfg(tmp_path / "a", steps)
-    run = Run(whole, log=lambda *a: None)
-    run.train()
+@pytest.mark.xdist_group("rrl_reference")
+def test_e3_rrl_herl_compose_without_recompiling_and_resume_exactly(tmp_path, rrl_reference):
+    """One run of E3, RRL and HeRL composed (the shared `rrl_reference`), then the same run stopped by
+    SIGTERM after step 3 and resumed: every metric, explorer state (E3's tracker, ranks, bounds, temperature
+    and target; RRL's replay array and trackers) and parameter equal. Plain GRPO's flat compilations and
+    resume are tests/train/test_trainer.py's. Five steps (not rrl_cfg's seven): the bounds reach (4, 12) at
+    step 5, replay runs from step 2 and E3 re-ranks at step 4, after the resume."""
+    whole, run = rrl_reference
     rows = train_rows(whole.train.out_dir)
     assert rows[1]["rrl_replay_rows"] == 0 and rows[1]["rrl_inserted"] > 0  # warm-up: collect only
     assert all(rows[s]["rrl_replay_rows"] == 16 for s in range(2, 6)), [rows[s]["rrl_replay_rows"] for s in rows]
@@ -71,7 +69,7 @@ def test_e3_rrl_herl_compose_without_recompiling_and_resume_exactly(tmp_path):
     fill = [rows[s]["rrl_fill"] for s in sorted(rows)]
     assert fill[-1] > fill[0] > 0, fill
 
-    stopped = rrl_cfg(tmp_path / "b", steps)
+    stopped = rrl_cfg(tmp_path / "b", *RRL_REFERENCE)
     sigterm_after_row(tmp_path, stopped, '"step": 3, "kind": "train"')
     logs = []
     resumed = Run(stopped, log=logs.append)

@@ -23,12 +23,12 @@ from flax import nnx
 from jaxrl_llm.parallel.watchdog import STALE_S
 from jaxrl_llm.train.loop import Run
 from jaxrl_llm.train.stop import RESUME_EXIT_CODE
-from tests.helpers import CACHE_DIR, rrl_cfg, tiny_cfg, train_rows, wait_for_row
+from tests.helpers import RRL_REFERENCE, RRL_STEPS, rrl_cfg, subprocess_env, tiny_cfg, train_rows, wait_for_row
 
 pytestmark = pytest.mark.slow  # integration runs: tools/test.sh runs them, `-m "not slow"` leaves them out
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = 5
+STEPS = RRL_STEPS
 
 
 def _free_port() -> int:
@@ -42,9 +42,9 @@ def _spawn_pair(tmp_path, cfg) -> list[subprocess.Popen]:
     config.write_text(yaml.safe_dump(cfg.to_dict()))
     port, procs = _free_port(), []
     for i in range(2):
-        env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu",
-               "JAXRL_COORDINATOR_ADDRESS": f"localhost:{port}", "JAXRL_NUM_PROCESSES": "2",
-               "JAXRL_PROCESS_ID": str(i), "JAX_COMPILATION_CACHE_DIR": CACHE_DIR}
+        env = subprocess_env(XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
+                             JAXRL_COORDINATOR_ADDRESS=f"localhost:{port}", JAXRL_NUM_PROCESSES="2",
+                             JAXRL_PROCESS_ID=str(i))
         procs.append(subprocess.Popen([sys.executable, "-m", "jaxrl_llm.cli", "train", "--config", str(config)],
                                       cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     return procs
@@ -196,16 +196,14 @@ def _close(a, b, where):
         assert a == b, (where, a, b)
 
 
-def test_two_hosts_train_as_one_and_stop_and_resume_together(tmp_path):
-    shared = ("train.checkpoint_every=1", f"train.steps={STEPS}", "eval.every=5", "eval.size=8")
-    ref_cfg = rrl_cfg(tmp_path / "one", *shared)
-    ref = Run(ref_cfg, log=lambda *a: None)
-    ref.train()
+@pytest.mark.xdist_group("rrl_reference")
+def test_two_hosts_train_as_one_and_stop_and_resume_together(tmp_path, rrl_reference):
+    ref_cfg, ref = rrl_reference  # one process, 8 devices, the same config (tests/conftest.py)
     want = train_rows(ref_cfg.train.out_dir)
     assert sum(want[s]["rrl_replay_rows"] for s in want) > 0 and sum(want[s]["herl_kept"] for s in want) > 0
     assert 0 < np.mean([want[s]["reward_mean"] for s in want]) < 1  # rewards that differ: scoring matters
 
-    cfg = rrl_cfg(tmp_path / "two", *shared)
+    cfg = rrl_cfg(tmp_path / "two", *RRL_REFERENCE)
     metrics = Path(cfg.train.out_dir) / "metrics.jsonl"
     procs = _spawn_pair(tmp_path, cfg)
     wait_for_row(procs[0], metrics, '"step": 2, "kind": "train"', timeout=400)
@@ -261,7 +259,7 @@ def test_a_silent_process_ends_the_run_with_the_resume_status_naming_it(tmp_path
     watchdog_floor_s) plus STALE_S of silent heartbeats it exits 75, naming the silent process; that holds
     for the coordinator (process 0, which serves the key-value store) too."""
     cfg = tiny_cfg(tmp_path, "train.steps=10000", "train.checkpoint_every=10000", "train.watchdog_floor_s=2",
-                    "train.watchdog_ceiling_s=600")
+                    "train.watchdog_ceiling_s=600", "eval.size=0")  # no evaluation to compile: steps come sooner
     procs = _spawn_pair(tmp_path, cfg)
     live = procs[1 - silent]
     try:

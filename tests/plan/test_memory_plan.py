@@ -44,43 +44,57 @@ def status(key):
         if line.startswith(key):
             return int(line.split()[1]) * 1024
 
-cfg = load_config(None, json.loads(sys.argv[1]))
-mc = model_config(cfg)
-p = plan(cfg, mc)
-mesh = make_mesh({"data": 1})
-graphdef, state = nnx.split(init_model(mc))
-params = shard_state(state, mesh)
-optimizer = make_optimizer(cfg.optim.lr)
-opt_state = init_optimizer(optimizer, params, mesh)
-live = sum(x.nbytes for x in jax.tree.leaves((params, opt_state)))
-batch = config_shapes(cfg, mc).worst_case_minibatch(cfg)  # all rows: one minibatch
-update = make_update(graphdef, update_spec(cfg), optimizer, params, opt_state, mesh)
-warm = jax.tree.map(jnp.copy, (params, opt_state))
-jax.block_until_ready(update(*warm, batch, loss_coefs(cfg)))  # compiles
-del warm
-gc.collect()
-before = status("VmRSS")
-open("/proc/self/clear_refs", "w").write("5")
-jax.block_until_ready(update(params, opt_state, batch, loss_coefs(cfg)))
-print(json.dumps({"measured": status("VmHWM") - before, "planned": p.update_peak - p.params - p.optimizer,
-                  "state_planned": p.params + p.optimizer, "state_live": live}))
+for overrides in json.loads(sys.argv[1]):  # one config after another: each measured from its own baseline
+    cfg = load_config(None, overrides)
+    mc = model_config(cfg)
+    p = plan(cfg, mc)
+    mesh = make_mesh({"data": 1})
+    graphdef, state = nnx.split(init_model(mc))
+    params = shard_state(state, mesh)
+    optimizer = make_optimizer(cfg.optim.lr)
+    opt_state = init_optimizer(optimizer, params, mesh)
+    live = sum(x.nbytes for x in jax.tree.leaves((params, opt_state)))
+    batch = config_shapes(cfg, mc).worst_case_minibatch(cfg)  # all rows: one minibatch
+    update = make_update(graphdef, update_spec(cfg), optimizer, params, opt_state, mesh)
+    warm = jax.tree.map(jnp.copy, (params, opt_state))
+    jax.block_until_ready(update(*warm, batch, loss_coefs(cfg)))  # compiles
+    del warm
+    gc.collect()
+    before = status("VmRSS")
+    open("/proc/self/clear_refs", "w").write("5")
+    out = update(params, opt_state, batch, loss_coefs(cfg))
+    jax.block_until_ready(out)
+    print(json.dumps({"measured": status("VmHWM") - before, "planned": p.update_peak - p.params - p.optimizer,
+                      "state_planned": p.params + p.optimizer, "state_live": live}), flush=True)
+    del out, params, opt_state, state, batch, update
+    gc.collect()
 """
+
+
+MEASURED = {"shared-1-micro": ["algo.micro_batch=64"], "shared-4-micro": ["algo.micro_batch=16"],
+            "rows-2-micro": ["rollout.shared_prefix=false", "algo.micro_batch=32"]}
+
+
+@pytest.fixture(scope="module")
+def measured_peaks():
+    """The three layouts measured in one fresh process (one device, nothing else allocated), one after another."""
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu",
+           "PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
+    configs = [BASE + ["mesh.data=1"] + extra for extra in MEASURED.values()]
+    out = subprocess.run([sys.executable, "-c", _MEASURE, json.dumps(configs)], capture_output=True, text=True,
+                         env=env, cwd=ROOT, timeout=400)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.strip().splitlines()[-len(MEASURED):]
+    return dict(zip(MEASURED, map(json.loads, lines)))
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc peak-RSS reset")
-@pytest.mark.parametrize("extra", [["algo.micro_batch=64"], ["algo.micro_batch=16"],
-                                   ["rollout.shared_prefix=false", "algo.micro_batch=32"]],
-                         ids=["shared-1-micro", "shared-4-micro", "rows-2-micro"])
-def test_update_memory_matches_measured_peak_on_cpu(extra):
+@pytest.mark.parametrize("layout", list(MEASURED))
+def test_update_memory_matches_measured_peak_on_cpu(layout, measured_peaks):
     """Tolerance 10 %: the plan's update memory beyond parameters and optimizer state (XLA's analysis)
     against the process's measured peak growth; parameters + optimizer state exactly."""
-    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu",
-           "PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
-    out = subprocess.run([sys.executable, "-c", _MEASURE, json.dumps(BASE + ["mesh.data=1"] + extra)], capture_output=True, text=True,
-                         env=env, cwd=ROOT, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    r = json.loads(out.stdout.strip().splitlines()[-1])
+    r = measured_peaks[layout]
     assert r["state_planned"] == r["state_live"]
     assert r["planned"] > 50 * 2 ** 20  # activations of this size dominate any allocator noise
     assert abs(r["measured"] - r["planned"]) <= 0.10 * r["planned"], r
