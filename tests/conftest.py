@@ -50,7 +50,7 @@ def rrl_reference(tmp_path_factory):
 # Modules whose tests share an expensive module-scoped run: with `pytest -n N --dist loadgroup` (tools/test.sh)
 # each goes to one worker whole, so the run is built once, not once per worker that gets some of its tests.
 SHARED_RUN_MODULES = {"test_trainer.py", "test_run_dir.py", "test_eval_export.py", "test_tracking.py",
-                      "test_memory_bench.py", "test_real_model.py", "test_explore_correctness.py"}
+                      "test_memory_bench.py", "test_real_model.py", "test_explore_correctness.py", "test_memory_plan.py"}
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -58,6 +58,9 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if item.path.name in SHARED_RUN_MODULES:
             item.add_marker(pytest.mark.xdist_group(item.path.stem))
+    # the long runs first (a stable sort keeps each tier in collection order): xdist hands work out in this
+    # order, so no long run starts last and runs alone while the other worker idles
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.hookimpl(trylast=True)
