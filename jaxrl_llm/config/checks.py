@@ -54,6 +54,7 @@ def validate(cfg: Config, source: str) -> None:
     need(0 <= cfg.algo.eps_low < 1 and cfg.algo.eps_high >= 0 and cfg.algo.dual_clip > 1, "bad clip settings")
     need(cfg.algo.hindsight_gamma > 0, f"algo.hindsight_gamma={cfg.algo.hindsight_gamma} must be > 0")
     need(cfg.model.name != "scratch" or cfg.model.scratch, "model.name=scratch needs model.scratch settings")
+    need(cfg.model.attention_block >= 0, f"model.attention_block ({cfg.model.attention_block}) must be >= 0 (0: dense)")
     need(cfg.data.source in ("reasoning_gym", "rubric", "hf") or cfg.data.path,
          f"data.source={cfg.data.source} needs data.path")
     need(cfg.data.source != "hf" or cfg.data.dataset, "data.source=hf needs data.dataset (a Hub name, a local folder, "

@@ -17,6 +17,9 @@ class ModelSection:
     param_dtype: str = "float32"
     compute_dtype: str = "float32"  # bfloat16: forward/backward in bf16 over float32 master weights
     remat: bool = False
+    # attention of several tokens over more keys than this (prefill, log-probs, the update) walks the keys in
+    # blocks of this many with an online softmax: memory linear in length, not T x S scores (0: dense always)
+    attention_block: int = 512
     scratch: dict = dataclasses.field(default_factory=dict)  # ModelConfig fields for name == "scratch"
 
 

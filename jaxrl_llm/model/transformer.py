@@ -23,9 +23,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxrl_llm.model import attention
 from jaxrl_llm.model.config import ModelConfig
 
-_NEG_INF = -1e30
+# keys per block of the blockwise attention (model/attention.py) in calls of several tokens over more keys than
+# this: prefill, log-probs and the update; 0: dense attention everywhere. A Transformer attribute like remat
+# (set from model.attention_block), so it travels in the static graphdef
+ATTENTION_BLOCK = 512
 
 
 @jax.tree_util.register_dataclass
@@ -124,11 +128,12 @@ class Attention(nnx.Module):
             self.q_norm = RMSNorm(e, cfg.rms_norm_eps, dt)
             self.k_norm = RMSNorm(e, cfg.rms_norm_eps, dt)
 
-    def __call__(self, x_BTD, positions_BT, cos_sin, cache_kv, prefix=None):
+    def __call__(self, x_BTD, positions_BT, cos_sin, cache_kv, prefix=None, block: int = 0):
         """Without a cache: causal attention over the given tokens, after the keys and values of an
         optional `prefix` (keys [B, K, E, P], values [B, K, P, E], positions [B, P]; slots to ignore
         carry a position past every query). Returns (y, (keys, values)): the cache's keys and values
-        when there is one, else this call's own."""
+        when there is one, else this call's own. `block` > 0: blockwise attention where several tokens
+        attend to more keys than that (model/attention.py)."""
         cfg = self.cfg
         q = jnp.einsum("btd,dhe->bthe", x_BTD, self.q[...])
         k = jnp.einsum("btd,dke->btke", x_BTD, self.k[...])
@@ -161,15 +166,11 @@ class Attention(nnx.Module):
         # queries of one kv head flattened to Q = T*G rows: one plain batched matmul per (b, k),
         # which XLA runs far faster than a dot with two free dims on one side
         q_BKQE = q.reshape(b, t, kh, g, e).transpose(0, 2, 1, 3, 4).reshape(b, kh, t * g, e)
-        scores = jnp.einsum("bkqe,bkes->bkqs", q_BKQE, keys, preferred_element_type=jnp.float32)
-        scores = scores * (e ** -0.5)
         qpos_BQ = jnp.repeat(positions_BT, g, axis=1)
-        allowed_BQS = key_pos_BS[:, None, :] <= qpos_BQ[:, :, None]
-        if self.window:
-            allowed_BQS &= key_pos_BS[:, None, :] > qpos_BQ[:, :, None] - self.window
-        scores = jnp.where(allowed_BQS[:, None], scores, _NEG_INF)
-        probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
-        out = jnp.einsum("bkqs,bkse->bkqe", probs, values)
+        if block and t > 1 and keys.shape[-1] > block:  # memory linear in the keys, not T x S scores
+            out = attention.blockwise(q_BKQE, keys, values, qpos_BQ, key_pos_BS, self.window, block)
+        else:
+            out = attention.dense(q_BKQE, keys, values, qpos_BQ, key_pos_BS, self.window)
         out = out.reshape(b, kh, t, g, e).transpose(0, 2, 1, 3, 4).reshape(b, t, h, e)
         y = jnp.einsum("bthe,hed->btd", out, self.o[...])
         if cfg.out_bias:
@@ -198,8 +199,8 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dt)
         self.mlp = MLP(cfg, rngs)
 
-    def __call__(self, x_BTD, positions_BT, cos_sin, cache_kv, prefix=None):
-        a, cache_kv = self.attn(self.attn_norm(x_BTD), positions_BT, cos_sin, cache_kv, prefix)
+    def __call__(self, x_BTD, positions_BT, cos_sin, cache_kv, prefix=None, block: int = 0):
+        a, cache_kv = self.attn(self.attn_norm(x_BTD), positions_BT, cos_sin, cache_kv, prefix, block)
         x_BTD = x_BTD + a
         return x_BTD + self.mlp(self.mlp_norm(x_BTD)), cache_kv
 
@@ -213,6 +214,7 @@ class Transformer(nnx.Module):
         self.layers = nnx.List([Block(cfg, rngs, i) for i in range(cfg.num_layers)])
         self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dt)
         self.remat = False  # recompute each layer's activations in the backward pass (training memory)
+        self.attention_block = ATTENTION_BLOCK
         if not cfg.tie_embeddings:
             self.lm_head = _param(nnx.initializers.normal(0.02), rngs.params(), (cfg.hidden_size, cfg.vocab_size), dt,
                                   ("embed", "vocab"))
@@ -226,15 +228,15 @@ class Transformer(nnx.Module):
         KVCache of T slots instead of None."""
         x = jnp.take(self.embed[...], tokens_BT, axis=0)
         cos_sin = rope_angles(positions_BT, self.cfg.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling)
-        new_k, new_v = [], []
+        new_k, new_v, block = [], [], self.attention_block
         for i, layer in enumerate(self.layers):
             layer_cache = None if cache is None else (cache.keys[i], cache.values[i])
             layer_prefix = None if prefix is None else (prefix[0].keys[i], prefix[0].values[i], prefix[1])
             if self.remat:  # also with a cache or a prefix: the shared-prefix update trains through them
-                x, kv = nnx.remat(lambda blk, h, c, pre: blk(h, positions_BT, cos_sin, c, pre))(
+                x, kv = nnx.remat(lambda blk, h, c, pre: blk(h, positions_BT, cos_sin, c, pre, block))(
                     layer, x, layer_cache, layer_prefix)
             else:
-                x, kv = layer(x, positions_BT, cos_sin, layer_cache, layer_prefix)
+                x, kv = layer(x, positions_BT, cos_sin, layer_cache, layer_prefix, block)
             new_k.append(kv[0])
             new_v.append(kv[1])
         keep = cache is not None or return_kv

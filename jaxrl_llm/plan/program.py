@@ -58,7 +58,7 @@ def abstract_state(cfg: Config, model_cfg, mesh):
     from jaxrl_llm.rl.update import abstract_optimizer_state
 
     model = abstract_model(model_cfg)
-    model.remat = cfg.model.remat  # as train/policy.py _with_remat
+    model.remat, model.attention_block = cfg.model.remat, cfg.model.attention_block  # as train/policy.py
     graphdef, state = nnx.split(model)
     params = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state,
                           sharding_tree(state, mesh))

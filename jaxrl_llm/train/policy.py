@@ -57,14 +57,13 @@ def build_policy(cfg: Config, mesh: Mesh, out_dir: Path) -> tuple[Policy, nnx.St
         model, model_cfg = load_hf_folder(folder, mesh=mesh, param_dtype=cfg.model.param_dtype)
         tok = load_tokenizer(folder, cfg.data.chat_template_override)
         graphdef, params = nnx.split(model)
-    if cfg.model.remat:
-        graphdef = _with_remat(graphdef, params)
-    return Policy(graphdef, model_cfg, tok), params
+    return Policy(with_options(graphdef, params, cfg), model_cfg, tok), params
 
 
-def _with_remat(graphdef, params):
+def with_options(graphdef, params, cfg: Config):
+    """The graphdef with the run's computation options (model.remat, model.attention_block) set."""
     model = nnx.merge(graphdef, params)
-    model.remat = True
+    model.remat, model.attention_block = bool(cfg.model.remat), int(cfg.model.attention_block)
     return nnx.split(model)[0]
 
 

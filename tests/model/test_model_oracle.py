@@ -83,6 +83,11 @@ def test_logits_match_transformers(hf_pair):
     got = _our_logits(ours, ids)
     assert np.abs(ref).max() > 1.0  # the comparison is not between near-zero numbers
     np.testing.assert_allclose(got, ref, atol=1e-4, rtol=0)
+    ours.attention_block = 8  # blockwise attention (model/attention.py) over 5 blocks of the 40 keys
+    try:
+        np.testing.assert_allclose(_our_logits(ours, ids), ref, atol=1e-4, rtol=0)
+    finally:
+        ours.attention_block = 512
     for change in ABLATIONS.get(name, []):
         other = _our_logits(_with_config(ours, cfg.replace(**change)), ids)
         assert np.abs(other - ref).max() > 1e-2, f"{name}: {change} does not change the logits"
