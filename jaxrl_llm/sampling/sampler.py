@@ -2,7 +2,10 @@
 
 One program per (batch bucket, distinct-context bucket, context bucket, new-token bucket): temperature, top-p, top-k,
 per-row token budgets and stop ids are traced arrays, so new values never recompile. Decoding is
-a `lax.while_loop` that ends when every row has finished. Weights enter as an argument (the nnx
+a `lax.while_loop` that ends when every row has finished. Its KV cache grows with the rows: decode steps
+attend over `prefill + first_level` slots while every row is within them, then over twice as many, and so on
+up to the buffer (each level its own loop in the one program, the cache padded between levels), so a step's
+attention costs what the filled part of the cache holds, within 2x, not the whole buffer. Weights enter as an argument (the nnx
 state), never closed over, so the trainer's updated parameters feed straight in.
 
 Layout of the token buffer [B, S]: row b holds its context (prompt, then an optional given prefix
@@ -36,6 +39,7 @@ from jaxrl_llm.parallel.rules import row_sharding
 from jaxrl_llm.sampling.buckets import bucket
 from jaxrl_llm.sampling.processors import choose_tokens
 
+DECODE_LEVEL = 256  # decode's first cache level beyond the prefill (decode_levels); shorter buffers: one level
 FINISH_STOP = 0  # a stop token was generated (it is kept in the response)
 FINISH_LENGTH = 1  # the row's max_new_tokens (or the cache) ran out
 
@@ -156,6 +160,22 @@ def prefill(model: Transformer, tokens_UP, context_len_U):
     return cache, model.logits(hidden[jnp.arange(n), context_len_U - 1])
 
 
+def decode_levels(prefill_len: int, slots: int, first_level: int) -> list[int]:
+    """Cache lengths the decode loop grows through: prefill + first_level, + 2 x first_level, ..., slots."""
+    levels, n = [], first_level
+    while first_level > 0 and prefill_len + n < slots:
+        levels.append(prefill_len + n)
+        n *= 2
+    return levels + [slots]
+
+
+def pad_cache(cache: KVCache, slots: int) -> KVCache:
+    """The same cache with zero slots appended up to `slots`."""
+    extra = slots - cache.slots
+    return KVCache([jnp.pad(k, ((0, 0), (0, 0), (0, 0), (0, extra))) for k in cache.keys],
+                   [jnp.pad(v, ((0, 0), (0, 0), (0, extra), (0, 0))) for v in cache.values])
+
+
 def expand_cache(cache: KVCache, row_source_B, slots: int) -> KVCache:
     """Row b of the result is row `row_source_B[b]` of `cache`, slots padded with zeros up to `slots`."""
     def take(x, slot_axis):
@@ -167,12 +187,13 @@ def expand_cache(cache: KVCache, row_source_B, slots: int) -> KVCache:
     return KVCache([take(k, 3) for k in cache.keys], [take(v, 2) for v in cache.values])
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("tokens_BS",))
+@functools.partial(jax.jit, static_argnames=("graphdef", "first_level"), donate_argnames=("tokens_BS",))
 def generate_program(graphdef, state, tokens_BS, context_len_B, max_new_B, temperature_B, top_p_B, top_k_B,
-                     keys_B, stop_ids_K, unique_tokens_UP, unique_len_U, row_source_B):
+                     keys_B, stop_ids_K, unique_tokens_UP, unique_len_U, row_source_B, first_level: int = 0):
     """The device program: prefill the U distinct contexts (`unique_tokens_UP` [U, P]: the first P
     slots), copy each row's context cache and logits from `row_source_B`, then decode until all rows
-    finish. `tokens_BS` holds every row's context too (it becomes the output)."""
+    finish, the cache growing through `decode_levels` (first_level 0: the whole buffer from the start).
+    `tokens_BS` holds every row's context too (it becomes the output)."""
     model: Transformer = nnx.merge(graphdef, state)
     keys_B = jax.random.wrap_key_data(keys_B)
     batch, slots = tokens_BS.shape
@@ -181,12 +202,14 @@ def generate_program(graphdef, state, tokens_BS, context_len_B, max_new_B, tempe
     cache_U, logits_UV = prefill(model, unique_tokens_UP, unique_len_U)
     # the B-row cache is a fresh buffer that the decode loop carries and updates in place; the U-row
     # prefill cache is dead after this copy
-    cache = expand_cache(cache_U, row_source_B, slots)
+    levels = decode_levels(prefill_len, slots, first_level)
+    cache = expand_cache(cache_U, row_source_B, levels[0])
     logits_BV = logits_UV[row_source_B]
 
-    def cond(carry):
-        step, *_, done_B, _ = carry
-        return (step < slots - prefill_len + 1) & ~jnp.all(done_B)
+    def cond(carry, level_slots):
+        step, *_, pos_B, _, done_B, _ = carry
+        # every row writes its next key at pos_B (finished rows rewrite their last slot): all must fit the level
+        return (step < slots - prefill_len + 1) & ~jnp.all(done_B) & (jnp.max(pos_B) < level_slots)
 
     def body(carry):
         step, tokens, logp_BS, ent_BS, cache, logits_BV, pos_B, count_B, done_B, reason_B = carry
@@ -209,9 +232,12 @@ def generate_program(graphdef, state, tokens_BS, context_len_B, max_new_B, tempe
         return step + 1, tokens, logp_BS, ent_BS, cache, logits_BV, pos_B, count_B, done_B, reason_B
 
     zeros_BS = jnp.zeros((batch, slots), jnp.float32)
-    init = (jnp.int32(0), tokens_BS, zeros_BS, zeros_BS, cache, logits_BV, context_len_B,
-            jnp.zeros((batch,), jnp.int32), max_new_B <= 0, jnp.full((batch,), FINISH_LENGTH, jnp.int32))
-    _, tokens, logp_BS, ent_BS, _, _, _, count_B, _, reason_B = jax.lax.while_loop(cond, body, init)
+    carry = (jnp.int32(0), tokens_BS, zeros_BS, zeros_BS, cache, logits_BV, context_len_B,
+             jnp.zeros((batch,), jnp.int32), max_new_B <= 0, jnp.full((batch,), FINISH_LENGTH, jnp.int32))
+    for level_slots in levels:  # a loop per cache length; a level no row reaches runs no step
+        carry = carry[:4] + (pad_cache(carry[4], level_slots),) + carry[5:]
+        carry = jax.lax.while_loop(functools.partial(cond, level_slots=level_slots), body, carry)
+    _, tokens, logp_BS, ent_BS, _, _, _, count_B, _, reason_B = carry
     return tokens, logp_BS, ent_BS, count_B, reason_B
 
 
@@ -239,8 +265,10 @@ class Sampler:
 
     def __init__(self, graphdef, *, pad_id: int, stop_ids: Sequence[int] = (), max_cache_len: int = 4096,
                  min_batch: int = 1, min_context: int = 16, min_new: int = 16, mesh: Mesh | None = None,
-                 share_prefill: bool = True, min_unique: int = 1):
+                 share_prefill: bool = True, min_unique: int = 1, decode_level: int = DECODE_LEVEL):
         self.graphdef = graphdef
+        # decode attends over prefill + this many slots first, doubling as rows grow (0: the whole buffer)
+        self.decode_level = int(decode_level)
         # prefill each distinct context (prompt + prefix) once; False prefills every row (a benchmark's baseline)
         self.share_prefill = bool(share_prefill)
         self.mesh = mesh  # when set, rows are split over the mesh's batch axes
@@ -275,7 +303,7 @@ class Sampler:
         args, meta = self._inputs(prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                   top_k=top_k, key=key, row_keys=row_keys, prefixes=prefixes, stop_ids=stop_ids,
                                   min_rows=min_rows, min_context=min_context)
-        out = generate_program(self.graphdef, state, *args)
+        out = generate_program(self.graphdef, state, *args, first_level=self.decode_level)
         # rows are sharded over the mesh; on a multi-host mesh every process gathers all of them
         tokens, logp, ent, count, reason = tree_to_host(out)
         n = meta["n"]
@@ -287,7 +315,7 @@ class Sampler:
     def lower(self, state, prompts: Sequence[Sequence[int]], **kwargs) -> jax.stages.Lowered:
         """The program a call with these arguments runs, lowered (not run): for cost analysis and tests."""
         args, _ = self._inputs(prompts, **kwargs)
-        return generate_program.lower(self.graphdef, state, *args)
+        return generate_program.lower(self.graphdef, state, *args, first_level=self.decode_level)
 
     def _inputs(self, prompts, *, max_new_tokens=128, temperature=1.0, top_p=1.0, top_k=0, key=None,
                 row_keys=None, prefixes=None, stop_ids=None, min_rows=0, min_context=0) -> tuple[list[jax.Array], dict]:
