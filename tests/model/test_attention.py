@@ -87,6 +87,7 @@ def test_memory_is_linear_in_length():
     assert large * 8 < d_large, (large, d_large)
 
 
+@pytest.mark.slow
 def test_the_models_update_path_with_blocks_equals_dense():
     """The transformer with blockwise attention against itself with dense attention: logits and parameter
     gradients over a shared-prefix context (prefix keys with 3 ignored slots, right-padded rows) and through
@@ -120,10 +121,12 @@ def test_the_models_update_path_with_blocks_equals_dense():
     def loss(state, block):
         return jnp.sum(jax.nn.log_softmax(logits(state, block))[..., 3])
 
-    want, got = logits(state, 0), logits(state, 8)
+    logits_j = jax.jit(logits, static_argnums=1)
+    grad_j = jax.jit(jax.grad(loss), static_argnums=1)
+    want, got = logits_j(state, 0), logits_j(state, 8)
     assert np.abs(np.asarray(want)).max() > 1.0
     np.testing.assert_allclose(got, want, atol=2e-5, rtol=0)
-    gd, gb = jax.grad(loss)(state, 0), jax.grad(loss)(state, 8)
+    gd, gb = grad_j(state, 0), grad_j(state, 8)
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=2e-5, rtol=1e-4), gb, gd)
 
     def prefill(block):  # the sampler's prefill: t tokens written into a cache of 64 slots, attended over all
@@ -132,7 +135,8 @@ def test_the_models_update_path_with_blocks_equals_dense():
         hidden, cache = m(toks, jnp.asarray(np.tile(np.arange(t), (2, 1))), KVCache.zeros(cfg, 2, 64))
         return m.logits(hidden), cache
 
-    (lw, cw), (lb, cb) = prefill(0), prefill(16)
+    prefill_j = jax.jit(prefill, static_argnums=0)
+    (lw, cw), (lb, cb) = prefill_j(0), prefill_j(16)
     np.testing.assert_allclose(lb, lw, atol=2e-5, rtol=0)
     np.testing.assert_array_equal(cb.keys[0], cw.keys[0])  # layer 0's keys come before any attention
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=2e-5, rtol=0), cb, cw)
