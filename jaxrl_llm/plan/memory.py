@@ -137,7 +137,9 @@ def _axis_share(mesh, rule_axes, size: int) -> int:
 def kv_cache_bytes(cfg, model_cfg, mesh, prefill: int | None = None, calls=()) -> int:
     """The sampler's KV cache for a step's rows at their largest, per device: [rows, kv heads, slots, head dim]
     keys and values in every layer, in the sampling dtype; rows over the batch axes, kv heads over the tensor
-    axis (parallel/rules.py). Prefilled contexts are cached once more before they are copied into the rows.
+    axis (parallel/rules.py). Prefilled contexts are cached once more before they are copied into the rows, and
+    where decode's cache grows through levels (sampling/sampler.py decode_levels) the cache of one level and the
+    next are both held while it is copied: the larger of those moments counts.
     `prefill`: the context bucket (default: that of data.max_prompt_len). `calls`: (rows, context length) of
     explorers' own sampler calls (HeRL's revisions: every row its own context); the largest call counts."""
     import numpy as np
@@ -145,7 +147,7 @@ def kv_cache_bytes(cfg, model_cfg, mesh, prefill: int | None = None, calls=()) -
     from jaxrl_llm.parallel.rules import DEFAULT_RULES
     from jaxrl_llm.rl.spec import rows_per_step
     from jaxrl_llm.sampling.buckets import bucket
-    from jaxrl_llm.sampling.sampler import Sampler
+    from jaxrl_llm.sampling.sampler import Sampler, decode_levels
 
     sampler = Sampler(None, pad_id=0, max_cache_len=model_cfg.max_position_embeddings)
     max_new = min(cfg.rollout.max_new_tokens, sampler.max_cache_len - 1)  # the sampler's per-row clamp
@@ -154,10 +156,16 @@ def kv_cache_bytes(cfg, model_cfg, mesh, prefill: int | None = None, calls=()) -
     dtype = np.dtype(cfg.model.compute_dtype).itemsize  # sampling runs in the compute dtype
     kv = model_cfg.num_kv_heads // _axis_share(mesh, DEFAULT_RULES["kv_heads"], model_cfg.num_kv_heads)
     per_slot = 2 * model_cfg.num_layers * kv * model_cfg.head_dim * dtype
-    sizes = [per_slot * (rows * slots + contexts * prefill) // _axis_share(mesh, DEFAULT_RULES["batch"], rows)]
+
+    def held(rows, contexts, prefill, slots):  # cache slots held at once, at the call's largest moment
+        levels = decode_levels(prefill, slots, sampler.decode_level)
+        moments = [rows * levels[0] + contexts * prefill] + [rows * (a + b) for a, b in zip(levels, levels[1:])]
+        return per_slot * max(moments) // _axis_share(mesh, DEFAULT_RULES["batch"], rows)
+
+    sizes = [held(rows, contexts, prefill, slots)]
     for n, context in calls:  # with a floor on rows the sampler prefills one context a row
         rows, prefill, slots = sampler.shapes(n, context, max_new)
-        sizes.append(per_slot * (rows * slots + rows * prefill) // _axis_share(mesh, DEFAULT_RULES["batch"], rows))
+        sizes.append(held(rows, rows, prefill, slots))
     return max(sizes)
 
 

@@ -124,6 +124,15 @@ def test_kv_cache_is_the_samplers_cache_by_brute_force():
     big = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(guided))
     assert big > total and kv_cache_bytes(cfg, mc, mesh, calls=[(16, 300), (4, 20)]) == big // 8
     assert kv_cache_bytes(cfg, mc, mesh, calls=[(4, 20)]) == total // 8
+    # reasoning-length rows: decode's cache grows prefill + 256 -> + 512 -> + 1024 slots; the largest moment is
+    # the last copy, both of those caches held at once (more than the first level with the prefill cache)
+    long = load_config(None, BASE + ["mesh.data=8", "rollout.max_new_tokens=1000"])
+    mc_long = model_config(long).replace(max_position_embeddings=2048)
+    rows, prefill, slots = sampler.shapes(64, 64, 1000)
+    assert slots == prefill + 1024
+    last = jax.eval_shape(lambda: (KVCache.zeros(mc_long, rows, prefill + 512), KVCache.zeros(mc_long, rows, slots)))
+    held = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(last))
+    assert kv_cache_bytes(long, mc_long, mesh) == held // 8
 
 
 @pytest.mark.slow
