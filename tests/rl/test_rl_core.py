@@ -129,11 +129,18 @@ def test_micro_batches_equal_one_batch(tiny_model, agg):
 
 @pytest.mark.slow
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 fake devices")
-@pytest.mark.parametrize("mesh_shape", [{"data": 1, "fsdp": 8}, {"data": 2, "fsdp": 2, "tensor": 2}])
-def test_sharded_update_equals_single_device(tiny_model, mesh_shape):
+@pytest.mark.parametrize("mesh_shape,block", [({"data": 1, "fsdp": 8}, 512), ({"data": 2, "fsdp": 2, "tensor": 2}, 512),
+                                              ({"data": 2, "fsdp": 2, "tensor": 2}, 8)],
+                         ids=["fsdp", "data-fsdp-tensor", "data-fsdp-tensor-blockwise"])
+def test_sharded_update_equals_single_device(tiny_model, mesh_shape, block):
+    """block 8: blockwise attention (model/attention.py) on both sides, its key blocks under the mesh."""
     spec = UpdateSpec(micro_batches=2)
-    ref_params, ref_metrics = _run_update(tiny_model, {"data": 1}, spec, devices=jax.devices()[:1])
-    params, metrics = _run_update(tiny_model, mesh_shape, spec)
+    tiny_model.attention_block = block
+    try:
+        ref_params, ref_metrics = _run_update(tiny_model, {"data": 1}, spec, devices=jax.devices()[:1])
+        params, metrics = _run_update(tiny_model, mesh_shape, spec)
+    finally:
+        tiny_model.attention_block = 512
     for a, b in zip(ref_metrics, metrics):
         for k in ("loss", "grad_norm", "clip_low", "clip_high", "logp_gap"):
             assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-6), k
