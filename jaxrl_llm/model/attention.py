@@ -35,9 +35,7 @@ def allowed(qpos_BQ, kpos_BS, window: int | None):
 
 def dense(q_BKQE, keys_BKES, values_BKSE, qpos_BQ, kpos_BS, window: int | None):
     """The reference: softmax over every key at once; output in the values' dtype."""
-    scores = jnp.einsum("bkqe,bkes->bkqs", q_BKQE, keys_BKES, preferred_element_type=jnp.float32)
-    scores = scores * (q_BKQE.shape[-1] ** -0.5)
-    scores = jnp.where(allowed(qpos_BQ, kpos_BS, window)[:, None], scores, _NEG_INF)
+    scores, _ = _scores(q_BKQE, keys_BKES, qpos_BQ, kpos_BS, window)
     probs = jax.nn.softmax(scores, axis=-1).astype(values_BKSE.dtype)
     return jnp.einsum("bkqs,bkse->bkqe", probs, values_BKSE)
 
@@ -69,7 +67,8 @@ def _blocks(keys_BKES, values_BKSE, kpos_BS, block: int):
 
 
 def _scores(q_BKQE, k_BKEC, qpos_BQ, kpos_BC, window):
-    """One block's scaled float32 scores and its mask [B, 1, Q, C]."""
+    """Scaled float32 scores of the keys given (one block, or all of them for `dense`), masked, and the mask
+    [B, 1, Q, C]."""
     s = jnp.einsum("bkqe,bkec->bkqc", q_BKQE, k_BKEC, preferred_element_type=jnp.float32)
     ok = allowed(qpos_BQ, kpos_BC, window)[:, None]
     return jnp.where(ok, s * (q_BKQE.shape[-1] ** -0.5), _NEG_INF), ok

@@ -208,8 +208,11 @@ def generate_program(graphdef, state, tokens_BS, context_len_B, max_new_B, tempe
 
     def cond(carry, level_slots):
         step, *_, pos_B, _, done_B, _ = carry
+        going = (step < slots - prefill_len + 1) & ~jnp.all(done_B)
+        if level_slots == slots:  # the last level: pos_B < slots always (a row at the last slot has finished)
+            return going
         # every row writes its next key at pos_B (finished rows rewrite their last slot): all must fit the level
-        return (step < slots - prefill_len + 1) & ~jnp.all(done_B) & (jnp.max(pos_B) < level_slots)
+        return going & (jnp.max(pos_B) < level_slots)
 
     def body(carry):
         step, tokens, logp_BS, ent_BS, cache, logits_BV, pos_B, count_B, done_B, reason_B = carry
