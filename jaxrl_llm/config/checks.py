@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from jaxrl_llm.config.reward_entries import parse as parse_reward_functions
-from jaxrl_llm.config.sections import Config, ConfigError, is_key
+from jaxrl_llm.config.sections import LORA_TARGETS, Config, ConfigError, is_key
 
 
 def validate(cfg: Config, source: str) -> None:
@@ -54,6 +54,11 @@ def validate(cfg: Config, source: str) -> None:
     need(0 <= cfg.algo.eps_low < 1 and cfg.algo.eps_high >= 0 and cfg.algo.dual_clip > 1, "bad clip settings")
     need(cfg.algo.hindsight_gamma > 0, f"algo.hindsight_gamma={cfg.algo.hindsight_gamma} must be > 0")
     need(cfg.model.name != "scratch" or cfg.model.scratch, "model.name=scratch needs model.scratch settings")
+    lo = cfg.model.lora
+    need(lo.rank >= 0 and (lo.rank == 0 or lo.alpha > 0), f"model.lora: rank ({lo.rank}) must be >= 0 (0: off) and "
+         f"alpha ({lo.alpha}) > 0")
+    need(lo.rank == 0 or (lo.targets and set(lo.targets) <= set(LORA_TARGETS)),
+         f"model.lora.targets {lo.targets}: expected a non-empty list from {', '.join(LORA_TARGETS)}")
     need(cfg.model.attention_block >= 0, f"model.attention_block ({cfg.model.attention_block}) must be >= 0 (0: dense)")
     need(cfg.data.source in ("reasoning_gym", "rubric", "hf") or cfg.data.path,
          f"data.source={cfg.data.source} needs data.path")

@@ -11,6 +11,22 @@ class ConfigError(ValueError):
     pass
 
 
+# projections an adapter may target (Hugging Face / PEFT names; model/lora.py TARGETS maps them to our weights)
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraSection:
+    """Low-rank adapters (model/lora.py) on a frozen base: only they train, and only they are in the optimizer
+    state and the checkpoints; the KL reference is the base with the adapters of RL's start (no second copy of
+    the weights)."""
+
+    rank: int = 0  # 0: full fine-tuning; r >= 1: adapters of rank r
+    alpha: float = 16.0  # the adapters' term is scaled by alpha / rank (PEFT's lora_alpha)
+    # projections that get adapters (Hugging Face names); default: every linear layer of attention and the MLP
+    targets: list = dataclasses.field(default_factory=lambda: list(LORA_TARGETS))
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelSection:
     name: str = "smollm2-135m-instruct"  # HF folder, known short name, or "scratch" (built from `scratch`)
@@ -21,6 +37,7 @@ class ModelSection:
     # blocks of this many with an online softmax: memory linear in length, not T x S scores (0: dense always)
     attention_block: int = 512
     scratch: dict = dataclasses.field(default_factory=dict)  # ModelConfig fields for name == "scratch"
+    lora: LoraSection = LoraSection()
 
 
 @dataclasses.dataclass(frozen=True)

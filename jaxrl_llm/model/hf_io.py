@@ -18,6 +18,7 @@ from jax.sharding import Mesh
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from jaxrl_llm.model import lora
 from jaxrl_llm.model.config import ModelConfig
 from jaxrl_llm.model.transformer import Transformer, abstract_model
 from jaxrl_llm.parallel.rules import DEFAULT_RULES, state_shardings
@@ -220,11 +221,14 @@ def load_hf_folder(folder: str | Path, *, mesh: Mesh | None = None, rules=DEFAUL
 
 
 def export_hf_folder(model: Transformer, folder: str | Path, *, tokenizer=None, dtype: str | None = None) -> Path:
-    """Write config.json + model.safetensors (+ tokenizer files) that `transformers` loads."""
+    """Write config.json + model.safetensors (+ tokenizer files) that `transformers` loads. LoRA adapters
+    (model/lora.py) are merged into their weights (W + alpha / rank A B, in float32, then cast)."""
     cfg: ModelConfig = model.cfg
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     pure = nnx.to_pure_dict(nnx.state(model))
+    for (i, sub, name), w in lora.merged_weights(model).items():
+        pure["layers"][i][sub][name] = w
     out_dtype = np.dtype(jnp.dtype(dtype or cfg.param_dtype))
     tensors = {name: np.ascontiguousarray(to_hf(np.asarray(jax.device_get(_get(pure, path)))).astype(out_dtype))
                for path, name, _, to_hf in weight_map(cfg)}

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxrl_llm.model import attention
+from jaxrl_llm.model import attention, lora
 from jaxrl_llm.model.config import ModelConfig
 
 # keys per block of the blockwise attention (model/attention.py) in calls of several tokens over more keys than
@@ -135,9 +135,9 @@ class Attention(nnx.Module):
         when there is one, else this call's own. `block` > 0: blockwise attention where several tokens
         attend to more keys than that (model/attention.py)."""
         cfg = self.cfg
-        q = jnp.einsum("btd,dhe->bthe", x_BTD, self.q[...])
-        k = jnp.einsum("btd,dke->btke", x_BTD, self.k[...])
-        v = jnp.einsum("btd,dke->btke", x_BTD, self.v[...])
+        q = lora.add(self, "q", x_BTD, jnp.einsum("btd,dhe->bthe", x_BTD, self.q[...]))
+        k = lora.add(self, "k", x_BTD, jnp.einsum("btd,dke->btke", x_BTD, self.k[...]))
+        v = lora.add(self, "v", x_BTD, jnp.einsum("btd,dke->btke", x_BTD, self.v[...]))
         if cfg.attention_bias:
             q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
         if cfg.qk_norm:  # Qwen3: per head, after the projection's bias, before RoPE
@@ -172,7 +172,7 @@ class Attention(nnx.Module):
         else:
             out = attention.dense(q_BKQE, keys, values, qpos_BQ, key_pos_BS, self.window)
         out = out.reshape(b, kh, t, g, e).transpose(0, 2, 1, 3, 4).reshape(b, t, h, e)
-        y = jnp.einsum("bthe,hed->btd", out, self.o[...])
+        y = lora.add(self, "o", out, jnp.einsum("bthe,hed->btd", out, self.o[...]))
         if cfg.out_bias:
             y = y + self.o_bias[...]
         return y, own
@@ -187,8 +187,9 @@ class MLP(nnx.Module):
         self.down = _param(init, rngs.params(), (f, d), dt, ("mlp", "embed"))
 
     def __call__(self, x_BTD):
-        h = jax.nn.silu(x_BTD @ self.gate[...]) * (x_BTD @ self.up[...])
-        return h @ self.down[...]
+        gate = lora.add(self, "gate", x_BTD, x_BTD @ self.gate[...])
+        h = jax.nn.silu(gate) * lora.add(self, "up", x_BTD, x_BTD @ self.up[...])
+        return lora.add(self, "down", h, h @ self.down[...])
 
 
 class Block(nnx.Module):
@@ -255,6 +256,13 @@ def init_model(cfg: ModelConfig, seed: int = 0) -> Transformer:
     return Transformer(cfg, nnx.Rngs(params=seed))
 
 
-def abstract_model(cfg: ModelConfig) -> Transformer:
-    """The model's structure with ShapeDtypeStructs in place of arrays (no memory is used)."""
-    return nnx.eval_shape(lambda: Transformer(cfg, nnx.Rngs(params=0)))
+def abstract_model(cfg: ModelConfig, adapters: "lora.LoraSpec | None" = None) -> Transformer:
+    """The model's structure (with `adapters` when given) with ShapeDtypeStructs in place of arrays (no memory
+    is used)."""
+    return nnx.eval_shape(lambda: new_model(cfg, 0, adapters))
+
+
+def new_model(cfg: ModelConfig, seed: int = 0, adapters: "lora.LoraSpec | None" = None) -> Transformer:
+    """A freshly initialised model, with fresh LoRA adapters (model/lora.py) when `adapters` is given."""
+    model = Transformer(cfg, nnx.Rngs(params=seed))
+    return lora.add_adapters(model, adapters, seed) if adapters else model

@@ -25,6 +25,7 @@ DEFAULT_RULES: Mapping[str, MeshAxes] = {
     "kv_heads": "tensor",
     "head_dim": None,
     "norm": None,
+    "lora": None,  # an adapter's rank (model/lora.py): small, never split
 }
 
 

@@ -2,8 +2,11 @@
 
 Per device, for the config and mesh:
 
-    parameters, optimizer state, KL reference   exact, from their shardings (nothing allocated)
-    gradients                                    float32, one copy (two when micro-batches accumulate)
+    parameters, optimizer state, KL reference   exact, from their shardings (nothing allocated); with LoRA
+                                                 (model/lora.py) the optimizer state and the reference are
+                                                 the adapters' alone
+    gradients                                    float32, one copy (two when micro-batches accumulate) of
+                                                 what trains: every parameter, or the adapters
     update activations                           XLA's memory analysis of the compiled (never run) update
                                                  program at the trainer's largest batch (plan/program.py),
                                                  its temporaries less the gradients
@@ -176,13 +179,15 @@ def memory_plan(cfg, model_cfg, mesh, shapes, params, opt_state, update, capacit
     import jax
     import numpy as np
 
+    from jaxrl_llm.model.lora import trainable
     from jaxrl_llm.parallel.rules import DEFAULT_RULES
     from jaxrl_llm.plan.program import peak_bytes
     from jaxrl_llm.sampling.buckets import bucket
 
     param_bytes, opt_bytes = _per_device_bytes(params), _per_device_bytes(opt_state)
+    trained = trainable(params)
     f32_params = _per_device_bytes(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, np.float32,
-                                                                               sharding=x.sharding), params))
+                                                                               sharding=x.sharding), trained))
     temp = update.memory.temp_size_in_bytes
     grads = f32_params * (2 if update.micro_batches > 1 else 1)
     copy = 0
@@ -192,7 +197,7 @@ def memory_plan(cfg, model_cfg, mesh, shapes, params, opt_state, update, capacit
     logits = 3 * rows * model_cfg.vocab_size * 4 // _axis_share(mesh, DEFAULT_RULES["batch"], rows)
     return MemoryPlan(devices=int(mesh.devices.size), platform=mesh.devices.flat[0].platform, mesh=dict(mesh.shape),
                       capacity=capacity[0], capacity_source=capacity[1], params=param_bytes, optimizer=opt_bytes,
-                      reference=param_bytes if cfg.algo.kl_coef > 0 else 0, sampling_copy=copy, gradients=grads,
+                      reference=_per_device_bytes(trained) if cfg.algo.kl_coef > 0 else 0, sampling_copy=copy, gradients=grads,
                       activations=max(temp - grads, 0), update_peak=peak_bytes(update.memory),
                       kv_cache=kv_cache_bytes(cfg, model_cfg, mesh, shapes.prefill, shapes.sampling_calls),
                       sampler_logits=logits, micro_batch=int(update.rows_per_micro_batch),

@@ -57,7 +57,9 @@ def abstract_state(cfg: Config, model_cfg, mesh):
     from jaxrl_llm.rl.spec import rl_optimizer
     from jaxrl_llm.rl.update import abstract_optimizer_state
 
-    model = abstract_model(model_cfg)
+    from jaxrl_llm.model.lora import LoraSpec
+
+    model = abstract_model(model_cfg, LoraSpec.from_config(cfg.model.lora))
     model.remat, model.attention_block = cfg.model.remat, cfg.model.attention_block  # as train/policy.py
     graphdef, state = nnx.split(model)
     params = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state,

@@ -20,6 +20,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxrl_llm.model import lora
 from jaxrl_llm.parallel import hosts
 from jaxrl_llm.parallel.rules import row_sharding, spec_for
 from jaxrl_llm.rl.forward import merged_model, rows_logp, shared_logp
@@ -123,7 +124,9 @@ def update_fn(graphdef, spec: UpdateSpec, optimizer, params, opt_state, batch, c
     """One optimizer step (pure). Returns (params, opt_state, metrics).
 
     `rows` layout: batch arrays [N, ...], cut here into spec.micro_batches slices. `shared` layout
-    (rl/layout.py): arrays already [M, ...] per micro-batch."""
+    (rl/layout.py): arrays already [M, ...] per micro-batch. When `params` holds LoRA adapters (model/lora.py),
+    only they get gradients and optimizer state, the base passes through unchanged, and `ref_params` holds the
+    reference's adapters only (the reference is the same base with them)."""
     if spec.layout == "shared":
         mask = batch.loss_mask & batch.valid[..., None]
         micro = batch
@@ -134,34 +137,37 @@ def update_fn(graphdef, spec: UpdateSpec, optimizer, params, opt_state, batch, c
     norms = {"total_tokens": tokens_total,
              "total_seqs": jnp.sum((jnp.sum(mask, axis=-1) > 0).astype(jnp.float32)),
              "norm_len": coefs["norm_len"]}
+    train, base = lora.trainable(params), lora.frozen(params)
+    ref = None if ref_params is None else lora.combine(ref_params, base)
     grad_fn = jax.value_and_grad(
-        lambda p, mb: _loss_terms(graphdef, spec, p, ref_params, mb, coefs, norms), has_aux=True)
+        lambda p, mb: _loss_terms(graphdef, spec, lora.combine(p, base), ref, mb, coefs, norms), has_aux=True)
 
     def accumulate(carry, mb):
         grads, loss, sums = carry
-        (mb_loss, mb_sums), g = grad_fn(params, mb)
+        (mb_loss, mb_sums), g = grad_fn(train, mb)
         grads = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, g)
         return (grads, loss + mb_loss, jax.tree.map(jnp.add, sums, mb_sums)), None
 
-    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), params)
+    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), train)
     zero_sums = {k: jnp.zeros(()) for k in ("clip_low", "clip_high", "dual_clip", "kl", "logp_gap", "nll")}
     (grads, loss, sums), _ = jax.lax.scan(accumulate, (zeros, jnp.zeros(()), zero_sums), micro)
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    updates, new_opt = optimizer.update(grads, opt_state, params)
-    new_params = optax.apply_updates(params, updates)
+    updates, new_opt = optimizer.update(grads, opt_state, train)
+    new_train = optax.apply_updates(train, updates)
     keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
     denom = jnp.maximum(tokens_total, 1.0)
     metrics = {"loss": loss, "grad_norm": grad_norm, "skipped_nonfinite": 1 - finite.astype(jnp.int32),
                "lr": current_lr(new_opt), "update_tokens": tokens_total,
                **{k: v / denom for k, v in sums.items()}}
-    return keep(new_params, params), keep(new_opt, opt_state), metrics
+    return lora.combine(keep(new_train, train), base), keep(new_opt, opt_state), metrics
 
 
 def optimizer_shardings(optimizer, params, mesh: Mesh):
-    """Shardings of `optimizer`'s state for `params` (arrays or ShapeDtypeStructs with shardings): every
-    subtree shaped like the parameters (Adam's moments) sharded like them, scalars (step counts,
-    hyperparameters) replicated over the mesh."""
+    """Shardings of `optimizer`'s state for `params` (arrays or ShapeDtypeStructs with shardings; only the
+    adapters when it holds LoRA adapters): every subtree shaped like them (Adam's moments) sharded like them,
+    scalars (step counts, hyperparameters) replicated over the mesh."""
+    params = lora.trainable(params)
     param_def = jax.tree.structure(params)
     param_sh = shardings_of(params)
     replicated = NamedSharding(mesh, P())
@@ -173,13 +179,13 @@ def optimizer_shardings(optimizer, params, mesh: Mesh):
 def abstract_optimizer_state(optimizer, params, mesh: Mesh):
     """The optimizer state's shapes and shardings (nothing allocated): enough to build an update."""
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                        jax.eval_shape(optimizer.init, params), optimizer_shardings(optimizer, params, mesh))
+                        jax.eval_shape(optimizer.init, lora.trainable(params)), optimizer_shardings(optimizer, params, mesh))
 
 
 def init_optimizer(optimizer, params, mesh: Mesh):
     """Optimizer state created in place, laid out by `optimizer_shardings`. (Without out_shardings,
     init returned the moments on one device and they were copied whole to every device.)"""
-    return jax.jit(optimizer.init, out_shardings=optimizer_shardings(optimizer, params, mesh))(params)
+    return jax.jit(optimizer.init, out_shardings=optimizer_shardings(optimizer, params, mesh))(lora.trainable(params))
 
 
 def shardings_of(tree):
@@ -206,18 +212,19 @@ def make_update(graphdef, spec: UpdateSpec, optimizer, params, opt_state, mesh: 
     (the layouts bucket their shapes, so a run builds a handful).
 
     The returned `run(params, opt_state, batch, coefs, ref_params=None)` takes the KL reference per
-    call (laid out like the parameters), so the trainer can fix it when RL starts, after any SFT.
+    call (laid out like the parameters; with LoRA adapters, the reference's adapters only), so the trainer can
+    fix it when RL starts, after any SFT.
     """
     kind = SharedBatch if spec.layout == "shared" else RowBatch
     replicated = NamedSharding(mesh, P())
-    param_sh, opt_sh = shardings_of(params), shardings_of(opt_state)
+    param_sh, opt_sh, ref_sh = shardings_of(params), shardings_of(opt_state), shardings_of(lora.trainable(params))
     programs = {}
     compiled = {}  # batch shapes -> program compiled ahead of time (jit's own cache does not see those)
 
     def program(batch_sh):
         sig = tuple(s.spec for s in jax.tree.leaves(batch_sh))
         if sig not in programs:
-            in_sh = (param_sh, opt_sh, batch_sh, replicated) + ((param_sh,) if spec.use_kl else ())
+            in_sh = (param_sh, opt_sh, batch_sh, replicated) + ((ref_sh,) if spec.use_kl else ())
             programs[sig] = jax.jit(
                 lambda p, o, b, c, *ref: update_fn(graphdef, spec, optimizer, p, o, b, c, ref[0] if ref else None),
                 in_shardings=in_sh, out_shardings=(param_sh, opt_sh, replicated), donate_argnums=(0, 1))
@@ -242,7 +249,7 @@ def make_update(graphdef, spec: UpdateSpec, optimizer, params, opt_state, mesh: 
         abstract = lambda tree, sh: jax.tree.map(spec_of, tree, sh)  # noqa: E731
         c = {k: jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated) for k in coefs}
         args = (abstract(params, param_sh), abstract(opt_state, opt_sh), abstract(batch, batch_sh), c)
-        return program(batch_sh).lower(*args, *((args[0],) if spec.use_kl else ()))
+        return program(batch_sh).lower(*args, *((abstract(lora.trainable(params), ref_sh),) if spec.use_kl else ()))
 
     def compile(lowered: jax.stages.Lowered, batch, ahead: jax.stages.Compiled | None = None) -> jax.stages.Compiled:
         """`lowered` (from `lower` for batches like `batch`) compiled ahead of time, or `ahead` (the same program,

@@ -13,11 +13,13 @@ from jax.sharding import Mesh
 from jaxrl_llm.config import Config
 from jaxrl_llm.data.tasks import prompt_messages
 from jaxrl_llm.data.types import TaskItem
+from jaxrl_llm.model import lora
 from jaxrl_llm.model.config import ModelConfig
 from jaxrl_llm.model.hf_io import load_hf_folder
 from jaxrl_llm.model.registry import resolve
 from jaxrl_llm.model.tokenizer import encode_chat, load_tokenizer
-from jaxrl_llm.model.transformer import Transformer, abstract_model
+from jaxrl_llm.model.transformer import abstract_model, new_model
+from jaxrl_llm.parallel import hosts
 from jaxrl_llm.parallel.rules import sharding_tree
 
 
@@ -29,35 +31,46 @@ class Policy:
     graphdef: nnx.GraphDef
     model_cfg: ModelConfig
     tokenizer: object
+    adapters: lora.LoraSpec | None = None  # model.lora: only these adapters train (model/lora.py)
 
     def signature(self) -> dict:
         """What a checkpoint must match to be restored into this policy."""
         c = self.model_cfg
-        return {"architecture": c.architecture, "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
-                "intermediate_size": c.intermediate_size, "num_layers": c.num_layers, "num_heads": c.num_heads,
-                "num_kv_heads": c.num_kv_heads, "head_dim": c.head_dim}
+        sig = {"architecture": c.architecture, "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
+               "intermediate_size": c.intermediate_size, "num_layers": c.num_layers, "num_heads": c.num_heads,
+               "num_kv_heads": c.num_kv_heads, "head_dim": c.head_dim}
+        if self.adapters:  # a full fine-tune's checkpoint (no key) and an adapter checkpoint never mix
+            sig["lora"] = {"rank": self.adapters.rank, "alpha": self.adapters.alpha,
+                           "targets": list(self.adapters.targets)}
+        return sig
 
 
 def build_policy(cfg: Config, mesh: Mesh, out_dir: Path) -> tuple[Policy, nnx.State]:
-    """The policy and its initial weights (placed on the mesh)."""
+    """The policy and its initial weights (placed on the mesh), with fresh adapters on a frozen base when
+    model.lora.rank > 0."""
+    adapters = lora.LoraSpec.from_config(cfg.model.lora)
     if cfg.model.name == "scratch":
         from jaxrl_llm.model.char_tokenizer import char_tokenizer
 
         tok = char_tokenizer()
         model_cfg = ModelConfig(**{"vocab_size": len(tok), **cfg.model.scratch,
                                    "param_dtype": cfg.model.param_dtype, "eos_token_ids": (tok.eos_token_id,)})
-        graphdef, abstract = nnx.split(abstract_model(model_cfg))
+        graphdef, abstract = nnx.split(abstract_model(model_cfg, adapters))
         shardings = sharding_tree(abstract, mesh)
         # created directly in the sharded layout: the initialiser itself is jitted with out_shardings
-        params = jax.jit(lambda: nnx.state(Transformer(model_cfg, nnx.Rngs(params=cfg.train.seed))),
-                         out_shardings=shardings)()
+        params = jax.jit(lambda: nnx.state(new_model(model_cfg, cfg.train.seed, adapters)), out_shardings=shardings)()
         tok.save_pretrained(str(out_dir / "tokenizer"))
     else:
         folder = resolve(cfg.model.name)
         model, model_cfg = load_hf_folder(folder, mesh=mesh, param_dtype=cfg.model.param_dtype)
         tok = load_tokenizer(folder, cfg.data.chat_template_override)
+        if adapters:  # small: made on the host, then laid out by the rule table like the base
+            lora.add_adapters(model, adapters, cfg.train.seed)
         graphdef, params = nnx.split(model)
-    return Policy(with_options(graphdef, params, cfg), model_cfg, tok), params
+        if adapters:
+            fresh = jax.device_get(lora.adapter_state(params))
+            params = lora.combine(hosts.put_tree(fresh, sharding_tree(fresh, mesh)), lora.frozen(params))
+    return Policy(with_options(graphdef, params, cfg), model_cfg, tok, adapters), params
 
 
 def with_options(graphdef, params, cfg: Config):

@@ -25,6 +25,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from jaxrl_llm.config import Config
+from jaxrl_llm.model import lora
 from jaxrl_llm.model.config import ModelConfig
 from jaxrl_llm.model.hf_io import load_hf_folder
 from jaxrl_llm.model.registry import resolve
@@ -65,6 +66,10 @@ def refuse_inside_run(out: Path, cfg: Config, what: str) -> None:
     if target == run or run in target.parents:
         raise ValueError(f"{what} {out} is inside the run folder {cfg.train.out_dir}; `jaxrl-llm eval` and `export` "
                          f"never write into a training run: pick a folder outside it")
+
+
+def _abstract(tree):
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
 
 
 def skeleton(cfg: Config, mesh) -> tuple[Policy, nnx.State]:
@@ -118,7 +123,12 @@ def load_checkpoint(cfg: Config, mesh, step: str | None = None, log=print) -> Lo
     """The run's policy at `step` (see the module docstring), parameters only."""
     wanted = parse_step(step)
     out_dir = Path(cfg.train.out_dir)
-    policy, like = skeleton(cfg, mesh)
+    if cfg.model.lora.rank:  # checkpoints hold the adapters alone: the base is the model the run was built from
+        with tempfile.TemporaryDirectory(prefix="jaxrl-llm-eval-") as scratch:
+            policy, fresh = build_policy(cfg, mesh, Path(scratch))
+        base, like = lora.frozen(fresh), _abstract(lora.trainable(fresh))
+    else:
+        (policy, like), base = skeleton(cfg, mesh), None
     folders = {"rl": out_dir / "checkpoints", "sft": out_dir / "sft_checkpoints"}
     ckpts = {kind: Checkpointer(d, log=log, read_only=True) for kind, d in folders.items() if d.is_dir()}
     available = {kind: sorted(c.manager.all_steps()) for kind, c in ckpts.items()}
@@ -143,8 +153,8 @@ def load_checkpoint(cfg: Config, mesh, step: str | None = None, log=print) -> Lo
         where = f"{folders[kind]}/{number}"
         RunFolder(cfg, log, read_only=True).resumed(registry, where, registry.get("step", 0))
         name = f"{out_dir.name}-step{number}" if kind == "rl" else f"{out_dir.name}-sft{number}"
-        return Loaded(policy, params, name, int(registry.get("step", 0)), int(registry.get("seed", cfg.train.seed)),
-                      where)
+        return Loaded(policy, lora.combine(params, base), name, int(registry.get("step", 0)),
+                      int(registry.get("seed", cfg.train.seed)), where)
     if damaged:
         raise CheckpointDamagedError(f"{out_dir}: no intact checkpoint (damaged: {', '.join(damaged)}, left in place)")
     log(f"{out_dir} holds no checkpoint: evaluating the config's initial policy (model.name={cfg.model.name})")

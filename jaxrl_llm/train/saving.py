@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import jax
 
+from jaxrl_llm.model import lora
 from jaxrl_llm.train.run_dir import holding_folder
 
 
 def arrays_like(run, registry: dict) -> dict:
     """The array fields a checkpoint of `registry`'s stage holds for this run (structure and layout)."""
     st = run.state
-    like = {"params": st.params, "opt_state": st.opt_state}  # SFT's and RL's optimizers share a structure
+    # SFT's and RL's optimizers share a structure; with LoRA, parameters and reference are the adapters alone
+    like = {"params": lora.trainable(st.params), "opt_state": st.opt_state}
     if registry.get("stage") == "rl" and run.cfg.algo.kl_coef > 0:
-        like["ref_params"] = st.params
+        like["ref_params"] = lora.trainable(st.params)
     if jax.tree.leaves(st.explore):
         like["explore"] = st.explore
     return like

@@ -10,6 +10,7 @@ import numpy as np
 from tqdm import tqdm
 
 from jaxrl_llm.rl.spec import loss_coefs, sft_spec
+from jaxrl_llm.model import lora
 from jaxrl_llm.rl.update import abstract_optimizer_state, init_optimizer, make_update
 from jaxrl_llm.train.evaluate import evaluate
 from jaxrl_llm.train.sft import sft_batch
@@ -62,7 +63,8 @@ def sft(run, writer, stop) -> None:
 def start_rl(run) -> None:
     """SFT (if any) is done: fix the KL reference, give the RL optimizer a fresh state."""
     st = run.state
-    st.ref_params = jax.tree.map(jnp.copy, st.params) if run.cfg.algo.kl_coef > 0 else None
+    # with LoRA the reference is the same frozen base with the adapters of this moment: no second copy of the base
+    st.ref_params = jax.tree.map(jnp.copy, lora.trainable(st.params)) if run.cfg.algo.kl_coef > 0 else None
     if run.cfg.sft.steps > 0:
         st.opt_state = init_optimizer(run.optimizer, st.params, run.mesh)
     st.stage = "rl"

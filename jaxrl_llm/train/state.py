@@ -14,6 +14,8 @@ from typing import Any
 
 import jax
 
+from jaxrl_llm.model import lora
+
 # the trainer's key phases (explorers' own start at 16: explore/base.py KEY_PHASE)
 PHASE_ROLLOUT, PHASE_EVAL, PHASE_SFT, PHASE_MINIBATCH = 1, 2, 3, 4
 
@@ -31,7 +33,9 @@ def _arrays(**kw):
 class TrainState:
     params: Any = _arrays(default=None)
     opt_state: Any = _arrays(default=None)
-    ref_params: Any = _arrays(default=None)  # the KL reference (the policy when RL starts); None when kl_coef == 0
+    # the KL reference (the policy when RL starts; with LoRA its adapters only, over the same base); None when
+    # kl_coef == 0
+    ref_params: Any = _arrays(default=None)
     explore: dict = _arrays(default_factory=dict)
     stage: str = "start"  # start -> sft -> rl (rl: SFT and the step-0 evaluation are behind us)
     step: int = 0  # RL steps done
@@ -48,14 +52,15 @@ class TrainState:
         return jax.random.key(self.seed)
 
     def split(self) -> tuple[dict, dict]:
-        """(arrays, registry): the array fields that hold something, and the plain fields."""
+        """(arrays, registry): the array fields that hold something, and the plain fields. With LoRA adapters the
+        parameters saved are the adapters alone: the frozen base is the model the run was built from."""
         arrays, registry = {}, {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if not f.metadata.get("arrays"):
                 registry[f.name] = value
             elif value is not None and jax.tree.leaves(value):
-                arrays[f.name] = value
+                arrays[f.name] = lora.trainable(value) if f.name == "params" else value
         return arrays, registry
 
     def joined(self, arrays: dict, registry: dict) -> "TrainState":
@@ -66,4 +71,6 @@ class TrainState:
               and f.name in registry}
         for name in self.array_fields():
             kw[name] = arrays.get(name, self.explore if name == "explore" else None)
+        if kw["params"] is not None:  # adapters saved alone go back onto this state's frozen base
+            kw["params"] = lora.combine(kw["params"], lora.frozen(self.params))
         return dataclasses.replace(self, **kw)
