@@ -70,6 +70,7 @@ def _update_positions(batch, shared: bool) -> tuple[int, int]:
 def bench(cfg, repeats: int, log=print, unshared_micro_batch: int | None = None) -> dict:
     import jax
 
+    from jaxrl_llm.model import lora
     from jaxrl_llm.plan.program import analyse_update
     from jaxrl_llm.rl.batch import shapes
     from jaxrl_llm.rl.spec import loss_coefs, minibatch, rows_per_update, update_spec
@@ -114,7 +115,8 @@ def bench(cfg, repeats: int, log=print, unshared_micro_batch: int | None = None)
             batch = minibatch(ucfg, full, idx, shared)
             spec = update_spec(ucfg, shared)
             policy = run.state.params
-            ref = (policy,) if spec.use_kl else ()  # the reference at the start of RL: the policy itself
+            # the reference at the start of RL: the policy itself (with LoRA: its adapters, over the same base)
+            ref = (lora.trainable(policy),) if spec.use_kl else ()
             opt_state = init_optimizer(run.optimizer, policy, run.mesh)
             update = make_update(graphdef, spec, run.optimizer, policy, opt_state, run.mesh)
             # the program the timed calls run, compiled ahead, with XLA's analyses

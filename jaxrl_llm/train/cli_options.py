@@ -29,4 +29,7 @@ def add_export_arguments(p) -> None:
                    help="checkpoint to export: RL step N or sft-N; None: the newest intact one")
     p.add_argument("--out", required=True, metavar="DIR", help="the HF folder to write (new or empty, outside the run)")
     p.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="dtype of the exported weights")
+    p.add_argument("--adapter", action="store_true",
+                   help="a LoRA run (model.lora.rank > 0): write its adapter alone in PEFT's format (float32) "
+                        "instead of the merged model")
 

@@ -10,20 +10,25 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxrl_llm.parallel import hosts
-from jaxrl_llm.train.export import export_policy
+from jaxrl_llm.train.export import export_adapter, export_policy
 from jaxrl_llm.train.stop import RESUME_EXIT_CODE
 from jaxrl_llm.train.tracking import summary
 
 
 def export_final(run, final: Path) -> None:
-    """The policy as a Hugging Face folder, written by process 0 (every process takes part in gathering
-    parameters sharded over hosts)."""
+    """The policy as a Hugging Face folder (a LoRA run's adapter merged, and the adapter alone in PEFT's format
+    in `<final>_adapter`), written by process 0 (every process takes part in gathering parameters sharded over
+    hosts)."""
     params = run.state.params
     if hosts.count() > 1:
         params = jax.tree.map(lambda x: jnp.asarray(hosts.to_host(x)), params)
     if jax.process_index() == 0:
-        export_policy(nnx.merge(run.policy.graphdef, params), final, run.tok)
+        model = nnx.merge(run.policy.graphdef, params)
+        export_policy(model, final, run.tok)
         run.log(f"exported the final policy to {final}")
+        if run.policy.adapters:
+            adapter = export_adapter(model, final.with_name(final.name + "_adapter"), run.cfg.model.name)
+            run.log(f"exported its LoRA adapter (PEFT's format) to {adapter}")
 
 
 def close(run, writer) -> None:

@@ -1,0 +1,143 @@
+"""The update with LoRA adapters (model/lora.py): only the adapters move, by the chain rule of the merged model's
+weight gradient (dL/dA = s dL/dW B^T, dL/dB = s A^T dL/dW, s = alpha / rank); the base passes through bit for bit;
+the optimizer state is the adapters' alone; the same update on an 8-device mesh equals one device; the sampler's
+log-probs of base + adapters are the update's."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from tests.helpers import TINY
+from jaxrl_llm.model import lora
+from jaxrl_llm.model.transformer import init_model
+from jaxrl_llm.parallel.mesh import make_mesh
+from jaxrl_llm.parallel.rules import shard_state
+from jaxrl_llm.rl.batch import RowBatch
+from jaxrl_llm.rl.update import UpdateSpec, abstract_optimizer_state, init_optimizer, make_optimizer, make_update
+from jaxrl_llm.sampling.sampler import Sampler
+
+SPEC = lora.LoraSpec(rank=4, alpha=8.0, targets=tuple(lora.TARGETS))
+COEFS = {"eps_low": 0.2, "eps_high": 0.28, "dual_clip": 3.0, "kl_coef": 0.0, "norm_len": 16.0,
+         "hindsight_gamma": 1.0}
+LR = 0.5
+SGD = optax.inject_hyperparams(optax.sgd)
+
+
+def adapted_model(seed=3):
+    """The tiny model with sharp logits and adapters whose B is random (a fresh B = 0 gives dL/dA = 0)."""
+    model = init_model(TINY, seed=seed)
+    nnx.update(model, jax.tree.map(lambda x: x * 8.0 if x.ndim > 1 else x, nnx.state(model)))
+    lora.add_adapters(model, SPEC, seed=1)
+    for n, (_, _, module, name) in enumerate(lora._pairs(model)):
+        b = getattr(module, f"{name}_lora_b")
+        b[...] = jax.random.normal(jax.random.key(100 + n), b.shape) * 0.05
+    return model
+
+
+def _batch(rows=16, length=24, seed=0):
+    rng = np.random.RandomState(seed)
+    tokens = rng.randint(1, TINY.vocab_size, size=(rows, length)).astype(np.int32)
+    mask = np.zeros((rows, length), bool)
+    for i in range(rows):
+        start = rng.randint(4, 10)
+        mask[i, start:start + rng.randint(3, length - start)] = True
+    return RowBatch.make(tokens, mask, old_logp=np.where(mask, rng.uniform(-5.0, -3.0, size=(rows, length)), 0),
+                         advantages=rng.randn(rows), temperature=rng.uniform(0.5, 1.5, rows))
+
+
+def _step(model, mesh_shape, devices, spec=UpdateSpec(micro_batches=2)):
+    mesh = make_mesh(mesh_shape, devices=devices)
+    graphdef, state = nnx.split(model)
+    params = shard_state(jax.tree.map(jnp.copy, state), mesh)
+    opt = SGD(learning_rate=LR)
+    update = make_update(graphdef, spec, opt, params, init_optimizer(opt, params, mesh), mesh)
+    params, opt_state, metrics = update(params, init_optimizer(opt, params, mesh), _batch(), COEFS)
+    return jax.device_get(params), jax.device_get(metrics)
+
+
+_ONE = {}
+
+
+def _one_device():
+    if not _ONE:
+        _ONE["step"] = _step(adapted_model(), {"data": 1}, jax.devices()[:1])
+    return _ONE["step"]
+
+
+def test_only_adapters_move_and_by_the_chain_rule_of_the_merged_weights():
+    model = adapted_model()
+    before = jax.device_get(nnx.state(model))
+    after, metrics = _one_device()
+    for x, y in zip(jax.tree.leaves(lora.frozen(before)), jax.tree.leaves(lora.frozen(after))):
+        np.testing.assert_array_equal(x, y)  # the base passes through untouched
+
+    # the oracle: one SGD step of the plain model whose weights are the merged ones gives dL/dW
+    merged = init_model(TINY, seed=3)
+    weights = nnx.to_pure_dict(lora.frozen(nnx.state(model)))
+    for (i, sub, name), w in lora.merged_weights(model).items():
+        weights["layers"][i][sub][name] = jnp.asarray(w)
+    nnx.replace_by_pure_dict(state := nnx.state(merged), weights)
+    nnx.update(merged, state)
+    plain, plain_metrics = _step(merged, {"data": 1}, jax.devices()[:1])
+    assert float(plain_metrics["loss"]) == pytest.approx(float(metrics["loss"]), rel=1e-5)
+    plain_before = nnx.to_pure_dict(nnx.state(merged))
+    plain_after = nnx.to_pure_dict(plain)
+    ours_before, ours_after = nnx.to_pure_dict(before), nnx.to_pure_dict(after)
+    s = SPEC.scale
+    for i in range(TINY.num_layers):
+        for target in SPEC.targets:
+            sub, name, in_axes, _ = lora.TARGETS[target]
+            n_in = len(in_axes)
+            g_w = (np.asarray(plain_before["layers"][i][sub][name], np.float64)
+                   - np.asarray(plain_after["layers"][i][sub][name], np.float64)) / LR
+            ours = ours_before["layers"][i][sub]
+            a, b = (np.asarray(ours[f"{name}_lora_{x}"], np.float64) for x in "ab")
+            w_in = g_w.reshape(int(np.prod(g_w.shape[:n_in])), -1)  # [in, out]
+            want_a = s * (w_in @ b.reshape(SPEC.rank, -1).T).reshape(a.shape)
+            want_b = s * (a.reshape(-1, SPEC.rank).T @ w_in).reshape(b.shape)
+            got = ours_after["layers"][i][sub]
+            got_a = (a - np.asarray(got[f"{name}_lora_a"], np.float64)) / LR
+            got_b = (b - np.asarray(got[f"{name}_lora_b"], np.float64)) / LR
+            for got_g, want in ((got_a, want_a), (got_b, want_b)):
+                assert np.abs(want).max() > 1e-4, (target, i)
+                np.testing.assert_allclose(got_g, want, atol=2e-3 * np.abs(want).max(), err_msg=f"{target} {i}")
+
+
+def test_optimizer_state_holds_the_adapters_alone():
+    model = adapted_model()
+    mesh = make_mesh({"data": 1}, devices=jax.devices()[:1])
+    params = nnx.state(model)
+    state = abstract_optimizer_state(make_optimizer(1e-3), params, mesh)
+    adapter_shapes = sorted(x.shape for x in jax.tree.leaves(lora.trainable(params)))
+    moments = sorted(x.shape for x in jax.tree.leaves(state) if x.ndim)
+    assert moments == sorted(adapter_shapes * 2)  # Adam's two moments, nothing of the base
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 fake devices")
+def test_adapter_update_on_eight_devices_equals_one():
+    ref, ref_metrics = _one_device()
+    got, metrics = _step(adapted_model(), {"data": 2, "fsdp": 2, "tensor": 2}, None)
+    assert float(metrics["loss"]) == pytest.approx(float(ref_metrics["loss"]), rel=1e-5)
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6), jax.tree.leaves(ref), jax.tree.leaves(got))
+
+
+def test_sampler_logprobs_with_adapters_are_the_updates():
+    model = adapted_model()
+    sampler, state = Sampler.for_model(model, pad_id=0, stop_ids=())
+    rng = np.random.RandomState(0)
+    prompts = [list(rng.randint(1, 96, size=n)) for n in (3, 9, 5, 14, 7, 2, 11, 6)]
+    out = sampler(state, prompts, max_new_tokens=12, temperature=np.full(8, 0.8, np.float32), key=jax.random.key(3))
+    batch = RowBatch.make(out.tokens, out.response_mask, context_len=out.context_len, old_logp=out.logprobs,
+                          advantages=rng.randn(8), temperature=out.temperature)
+    mesh = make_mesh({"data": 1}, devices=jax.devices()[:1])
+    graphdef, params = nnx.split(model)
+    params = shard_state(jax.tree.map(jnp.copy, params), mesh)
+    opt = SGD(learning_rate=0.0)
+    update = make_update(graphdef, UpdateSpec(), opt, params, init_optimizer(opt, params, mesh), mesh)
+    _, _, m = update(params, init_optimizer(opt, params, mesh), batch, COEFS)
+    assert out.response_mask.sum() > 50
+    assert float(m["logp_gap"]) < 1e-5, m

@@ -1,0 +1,94 @@
+"""A LoRA run end to end (model.lora, model/lora.py): SFT -> RL with a KL reference and two minibatches a step.
+The base never moves; checkpoints hold the adapters alone (and their optimizer state and reference); stopped after
+step 2 and resumed, the run equals the uninterrupted one; a checkpoint loads back into base + adapters for eval and
+export; the final export is the merged model and the PEFT adapter. The adapter format itself is checked against
+peft in tests/model/test_lora.py."""
+
+import json
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+from safetensors.numpy import load_file
+
+from tests.helpers import TIMING, tiny_cfg
+from jaxrl_llm.model import lora
+from jaxrl_llm.parallel.mesh import make_mesh
+from jaxrl_llm.train.export import export_checkpoint
+from jaxrl_llm.train.loop import Run
+from jaxrl_llm.train.restore import load_checkpoint
+
+pytestmark = pytest.mark.slow
+LORA = ("model.lora.rank=4", "model.lora.alpha=8", "sft.steps=4", "sft.batch_size=16", "sft.lr=0.05",
+        "algo.kl_coef=0.05", "algo.minibatches=2", "algo.micro_batch=16", "optim.lr=0.05")
+STEPS = 4
+
+
+def _leaves(tree):
+    return [np.asarray(x) for x in jax.tree.leaves(jax.device_get(tree))]
+
+
+def test_lora_run_trains_adapters_alone_resumes_exactly_and_exports(tmp_path):
+    whole = tiny_cfg(tmp_path / "a", f"train.steps={STEPS}", "train.export_final=true", *LORA)
+    run = Run(whole, log=lambda *a: None)
+    start = jax.device_get(run.state.params)
+    run.train()
+    end = jax.device_get(run.state.params)
+    for x, y in zip(_leaves(lora.frozen(start)), _leaves(lora.frozen(end))):
+        np.testing.assert_array_equal(x, y)  # the base is frozen
+    moved = [np.abs(x - y).max() for x, y in zip(_leaves(lora.trainable(start)), _leaves(lora.trainable(end)))]
+    assert min(moved) > 0, moved  # every adapter trained (A and B of every projection)
+
+    out = Path(whole.train.out_dir)
+    registry = json.loads((out / "checkpoints" / str(STEPS) / "registry" / "metadata").read_text())
+    saved = [k for k in registry["array_shapes"] if k.startswith(("['params']", "['ref_params']"))]
+    assert saved and all("_lora_" in k for k in saved), saved  # no base weight in the checkpoint
+    assert registry["model_signature"]["lora"] == {"rank": 4, "alpha": 8.0, "targets": list(lora.TARGETS)}
+    adapters = [k for k in saved if k.startswith("['params']")]
+    moments = [v for k, v in registry["array_shapes"].items() if k.startswith("['opt_state']") and v]
+    assert len(moments) == 2 * len(adapters)  # Adam's two moments of each adapter array, nothing of the base
+
+    # stopped by the config after step 2, resumed to step 4: the same adapters as the uninterrupted run
+    Run(tiny_cfg(tmp_path / "b", "train.steps=2", *LORA), log=lambda *a: None).train()
+    logs = []
+    resumed = Run(tiny_cfg(tmp_path / "b", f"train.steps={STEPS}", *LORA), log=logs.append)
+    resumed.train()
+    assert any("resumed from" in line for line in logs) and resumed.state.step == STEPS
+    for x, y in zip(_leaves(end), _leaves(resumed.state.params)):
+        np.testing.assert_allclose(x, y, atol=1e-6)
+    rows = lambda d: [{k: v for k, v in r.items() if not any(t in k for t in TIMING)}  # noqa: E731
+                      for r in map(json.loads, (Path(d) / "metrics.jsonl").read_text().splitlines())
+                      if r["kind"] == "train"]
+    for a, b in zip(rows(out), rows(tmp_path / "b" / "run"), strict=True):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert b[k] == (pytest.approx(a[k], rel=1e-5, abs=1e-6) if isinstance(a[k], float) else a[k]), k
+
+    # eval / export read a checkpoint back onto the base the run was built from
+    mesh = make_mesh({"data": 1}, devices=jax.devices()[:1])
+    loaded = load_checkpoint(whole, mesh, log=lambda *a: None)
+    for x, y in zip(_leaves(end), _leaves(loaded.params)):
+        np.testing.assert_array_equal(x, y)
+    export_checkpoint(whole, mesh, tmp_path / "merged", dtype="float32", log=lambda *a: None)
+    export_checkpoint(whole, mesh, tmp_path / "adapter", log=lambda *a: None, adapter=True)
+    for name in ("model.safetensors",):
+        a, b = load_file(out / "final" / name), load_file(tmp_path / "merged" / name)
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    a, b = load_file(out / "final_adapter" / "adapter_model.safetensors"), \
+        load_file(tmp_path / "adapter" / "adapter_model.safetensors")
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["peft_type"]) == (4, 8.0, "LORA")
+    # the merged export is W + alpha / rank A B
+    model = nnx.merge(loaded.policy.graphdef, loaded.params)
+    q = model.layers[0].attn
+    by_hand = np.asarray(q.q[...]) + 2.0 * np.tensordot(np.asarray(q.q_lora_a[...]), np.asarray(q.q_lora_b[...]), 1)
+    d, h, e = by_hand.shape
+    np.testing.assert_allclose(a_q := load_file(tmp_path / "merged" / "model.safetensors")[
+        "model.layers.0.self_attn.q_proj.weight"], by_hand.reshape(d, h * e).T, atol=1e-6)
+    assert np.abs(a_q - np.asarray(q.q[...]).reshape(d, h * e).T).max() > 1e-4  # the adapter is in it
+
+    with pytest.raises(ValueError, match="model.lora.rank is 0"):
+        export_checkpoint(tiny_cfg(tmp_path / "c"), mesh, tmp_path / "x", adapter=True)
