@@ -1,4 +1,4 @@
-"""A LoRA run end to end (model.lora, model/lora.py): SFT -> RL with a KL reference and two minibatches a step.
+"""A LoRA run end to end (model.lora, model/lora.py): SFT -> RL with a KL reference, E3, RRL and HeRL on.
 The base never moves; checkpoints hold the adapters alone (and their optimizer state and reference); stopped after
 step 2 and resumed, the run equals the uninterrupted one; a checkpoint loads back into base + adapters for eval and
 export; the final export is the merged model and the PEFT adapter. The adapter format itself is checked against
@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 from safetensors.numpy import load_file
 
-from tests.helpers import TIMING, tiny_cfg
+from tests.helpers import rrl_cfg, tiny_cfg, train_rows
 from jaxrl_llm.model import lora
 from jaxrl_llm.parallel.mesh import make_mesh
 from jaxrl_llm.train.export import export_checkpoint
@@ -21,8 +21,9 @@ from jaxrl_llm.train.loop import Run
 from jaxrl_llm.train.restore import load_checkpoint
 
 pytestmark = pytest.mark.slow
-LORA = ("model.lora.rank=4", "model.lora.alpha=8", "sft.steps=4", "sft.batch_size=16", "sft.lr=0.05",
-        "algo.kl_coef=0.05", "algo.minibatches=2", "algo.micro_batch=16", "optim.lr=0.05")
+# E3's target anneals toward train.steps: off, so that a run stopped by train.steps=2 plans steps 1-2 as the longer one
+LORA = ("model.lora.rank=4", "model.lora.alpha=8", "sft.lr=0.05", "algo.kl_coef=0.05", "optim.lr=0.05",
+        "train.checkpoint_every=2", "explore.e3.anneal=false")
 STEPS = 4
 
 
@@ -31,7 +32,7 @@ def _leaves(tree):
 
 
 def test_lora_run_trains_adapters_alone_resumes_exactly_and_exports(tmp_path):
-    whole = tiny_cfg(tmp_path / "a", f"train.steps={STEPS}", "train.export_final=true", *LORA)
+    whole = rrl_cfg(tmp_path / "a", f"train.steps={STEPS}", "train.export_final=true", *LORA)
     run = Run(whole, log=lambda *a: None)
     start = jax.device_get(run.state.params)
     run.train()
@@ -51,20 +52,17 @@ def test_lora_run_trains_adapters_alone_resumes_exactly_and_exports(tmp_path):
     assert len(moments) == 2 * len(adapters)  # Adam's two moments of each adapter array, nothing of the base
 
     # stopped by the config after step 2, resumed to step 4: the same adapters as the uninterrupted run
-    Run(tiny_cfg(tmp_path / "b", "train.steps=2", *LORA), log=lambda *a: None).train()
+    Run(rrl_cfg(tmp_path / "b", "train.steps=2", *LORA), log=lambda *a: None).train()
     logs = []
-    resumed = Run(tiny_cfg(tmp_path / "b", f"train.steps={STEPS}", *LORA), log=logs.append)
+    resumed = Run(rrl_cfg(tmp_path / "b", f"train.steps={STEPS}", *LORA), log=logs.append)
     resumed.train()
     assert any("resumed from" in line for line in logs) and resumed.state.step == STEPS
+    rows_a = train_rows(out)
+    assert all(rows_a[s]["rrl_replay_rows"] > 0 for s in (2, 3, 4)) and sum(r["herl_kept"] for r in rows_a.values())
+    assert rows_a[STEPS]["e3_n_max"] > rows_a[1]["e3_n_max"]  # E3's bounds widened: all three explorers acted
     for x, y in zip(_leaves(end), _leaves(resumed.state.params)):
         np.testing.assert_allclose(x, y, atol=1e-6)
-    rows = lambda d: [{k: v for k, v in r.items() if not any(t in k for t in TIMING)}  # noqa: E731
-                      for r in map(json.loads, (Path(d) / "metrics.jsonl").read_text().splitlines())
-                      if r["kind"] == "train"]
-    for a, b in zip(rows(out), rows(tmp_path / "b" / "run"), strict=True):
-        assert a.keys() == b.keys()
-        for k in a:
-            assert b[k] == (pytest.approx(a[k], rel=1e-5, abs=1e-6) if isinstance(a[k], float) else a[k]), k
+    assert train_rows(tmp_path / "b" / "run") == rows_a  # every metric of every step
 
     # eval / export read a checkpoint back onto the base the run was built from
     mesh = make_mesh({"data": 1}, devices=jax.devices()[:1])
