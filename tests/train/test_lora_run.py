@@ -1,4 +1,6 @@
-"""A LoRA run end to end (model.lora, model/lora.py): SFT -> RL with a KL reference, E3, RRL and HeRL on.
+"""A LoRA run end to end (model.lora, model/lora.py) on a Hugging Face folder (the tiny model after a full SFT,
+exported: a freshly initialised tiny model's frozen 0.02-scale embedding caps its logits near +-1, so adapters
+alone cannot make it answer and every reward would be 0): SFT -> RL with a KL reference, E3, RRL and HeRL on.
 The base never moves; checkpoints hold the adapters alone (and their optimizer state and reference); stopped after
 step 2 and resumed, the run equals the uninterrupted one; a checkpoint loads back into base + adapters for eval and
 export; the final export is the merged model and the PEFT adapter. The adapter format itself is checked against
@@ -32,7 +34,10 @@ def _leaves(tree):
 
 
 def test_lora_run_trains_adapters_alone_resumes_exactly_and_exports(tmp_path):
-    whole = rrl_cfg(tmp_path / "a", f"train.steps={STEPS}", "train.export_final=true", *LORA)
+    Run(rrl_cfg(tmp_path / "base", "train.steps=0", "train.export_final=true", "eval.size=0"), log=lambda *a: None).train()
+    lora_cfg = lambda where, *extra: rrl_cfg(tmp_path / where, f"model.name={tmp_path / 'base' / 'run' / 'final'}",  # noqa: E731
+                                              *extra, *LORA)
+    whole = lora_cfg("a", f"train.steps={STEPS}", "train.export_final=true")
     run = Run(whole, log=lambda *a: None)
     start = jax.device_get(run.state.params)
     run.train()
@@ -52,14 +57,15 @@ def test_lora_run_trains_adapters_alone_resumes_exactly_and_exports(tmp_path):
     assert len(moments) == 2 * len(adapters)  # Adam's two moments of each adapter array, nothing of the base
 
     # stopped by the config after step 2, resumed to step 4: the same adapters as the uninterrupted run
-    Run(rrl_cfg(tmp_path / "b", "train.steps=2", *LORA), log=lambda *a: None).train()
+    Run(lora_cfg("b", "train.steps=2"), log=lambda *a: None).train()
     logs = []
-    resumed = Run(rrl_cfg(tmp_path / "b", f"train.steps={STEPS}", *LORA), log=logs.append)
+    resumed = Run(lora_cfg("b", f"train.steps={STEPS}"), log=logs.append)
     resumed.train()
     assert any("resumed from" in line for line in logs) and resumed.state.step == STEPS
     rows_a = train_rows(out)
     assert all(rows_a[s]["rrl_replay_rows"] > 0 for s in (2, 3, 4)) and sum(r["herl_kept"] for r in rows_a.values())
     assert rows_a[STEPS]["e3_n_max"] > rows_a[1]["e3_n_max"]  # E3's bounds widened: all three explorers acted
+    assert 0 < sum(r["reward_mean"] for r in rows_a.values()) and all(rows_a[s]["kl"] > 0 for s in (2, 3, 4))
     for x, y in zip(_leaves(end), _leaves(resumed.state.params)):
         np.testing.assert_allclose(x, y, atol=1e-6)
     assert train_rows(tmp_path / "b" / "run") == rows_a  # every metric of every step
@@ -71,9 +77,8 @@ def test_lora_run_trains_adapters_alone_resumes_exactly_and_exports(tmp_path):
         np.testing.assert_array_equal(x, y)
     export_checkpoint(whole, mesh, tmp_path / "merged", dtype="float32", log=lambda *a: None)
     export_checkpoint(whole, mesh, tmp_path / "adapter", log=lambda *a: None, adapter=True)
-    for name in ("model.safetensors",):
-        a, b = load_file(out / "final" / name), load_file(tmp_path / "merged" / name)
-        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    a, b = load_file(out / "final" / "model.safetensors"), load_file(tmp_path / "merged" / "model.safetensors")
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
     a, b = load_file(out / "final_adapter" / "adapter_model.safetensors"), \
         load_file(tmp_path / "adapter" / "adapter_model.safetensors")
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
