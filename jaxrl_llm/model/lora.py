@@ -136,7 +136,7 @@ def spec_of(model) -> LoraSpec | None:
     return LoraSpec(rank, float(module.lora_scale * rank), targets)
 
 
-def _pairs(model):
+def adapted(model):
     """(layer index, target, module, weight name) of every adapted projection."""
     spec = spec_of(model)
     for i, layer in enumerate(model.layers):
@@ -155,7 +155,7 @@ def merged_weight(module, name: str) -> np.ndarray:
 
 def merged_weights(model) -> dict:
     """{(layer, sub-module, weight name): merged float32 weight} for every adapted projection of `model`."""
-    return {(i, TARGETS[t][0], name): merged_weight(module, name) for i, t, module, name in _pairs(model)}
+    return {(i, TARGETS[t][0], name): merged_weight(module, name) for i, t, module, name in adapted(model)}
 
 
 def save_peft_adapter(model, folder: str | Path, base_model: str = "") -> Path:
@@ -170,7 +170,7 @@ def save_peft_adapter(model, folder: str | Path, base_model: str = "") -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {}
-    for i, target, module, name in _pairs(model):
+    for i, target, module, name in adapted(model):
         prefix = f"base_model.model.model.layers.{i}.{HF_MODULE[TARGETS[target][0]]}.{target}"
         a = np.asarray(jax.device_get(getattr(module, f"{name}_lora_a")[...]), np.float32)
         b = np.asarray(jax.device_get(getattr(module, f"{name}_lora_b")[...]), np.float32)

@@ -19,7 +19,7 @@ IDS = np.array([[5, 17, 33, 2, 90, 41, 7, 12, 64, 3]], np.int32)
 def with_random_adapters(model, spec=SPEC, seed=1, scale=0.2):
     """`model` with adapters whose B is random too (fresh adapters have B = 0 and change nothing)."""
     lora.add_adapters(model, spec, seed)
-    for n, (_, _, module, name) in enumerate(lora._pairs(model)):
+    for n, (_, _, module, name) in enumerate(lora.adapted(model)):
         b = getattr(module, f"{name}_lora_b")
         b[...] = jax.random.normal(jax.random.key(100 + n), b.shape) * scale
     return model

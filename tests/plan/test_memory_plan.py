@@ -218,3 +218,25 @@ def test_a_planned_run_trains_exactly_as_an_unplanned_one(tmp_path):
     (rows_a, p_a), (rows_b, p_b) = runs["true"], runs["false"]
     assert rows_a == rows_b
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b), p_a, p_b)
+
+
+@pytest.mark.slow
+def test_a_lora_plan_counts_the_adapters_state_alone():
+    """model.lora: the plan's optimizer state, gradients and KL reference are the adapters' (their bytes summed
+    here from the abstract state), the parameters base + adapters, the base counted once."""
+    from jaxrl_llm.model import lora
+    from jaxrl_llm.plan.program import abstract_state, model_config
+    from jaxrl_llm.parallel.mesh import make_mesh
+
+    args = BASE + ["algo.kl_coef=0.1", "algo.micro_batch=64"]
+    full = plan(load_config(None, args))
+    cfg = load_config(None, args + ["model.lora.rank=4", "model.lora.targets=[q_proj, up_proj]"])
+    p = plan(cfg)
+    _, params, _, opt_state = abstract_state(cfg, model_config(cfg), make_mesh({"data": 1}, devices=jax.devices()[:1]))
+    size = lambda tree: sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))  # noqa: E731
+    adapters = size(lora.trainable(params))
+    assert 0 < adapters < full.params / 20
+    assert p.params == full.params + adapters
+    assert p.gradients == adapters and p.reference == adapters  # float32 adapters, one micro-batch
+    assert p.optimizer == size(opt_state) and 2 * adapters <= p.optimizer < 2 * adapters + 1024  # Adam + scalars
+    assert full.optimizer >= 2 * full.params

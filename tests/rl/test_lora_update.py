@@ -31,7 +31,7 @@ def adapted_model(seed=3):
     model = init_model(TINY, seed=seed)
     nnx.update(model, jax.tree.map(lambda x: x * 8.0 if x.ndim > 1 else x, nnx.state(model)))
     lora.add_adapters(model, SPEC, seed=1)
-    for n, (_, _, module, name) in enumerate(lora._pairs(model)):
+    for n, (_, _, module, name) in enumerate(lora.adapted(model)):
         b = getattr(module, f"{name}_lora_b")
         b[...] = jax.random.normal(jax.random.key(100 + n), b.shape) * 0.05
     return model
