@@ -22,6 +22,8 @@ from flax import nnx
 from jaxrl_llm.model.config import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
+# XLA:CPU at -O0 (tests/conftest.py): the tests' processes and the trainer processes they start compile with it
+FAST_COMPILE = "--xla_backend_optimization_level=0"
 # JAXRL_TEST_JAX_CACHE: another folder (an empty one measures the suite as CI's fresh checkout runs it)
 CACHE_DIR = os.environ.get("JAXRL_TEST_JAX_CACHE", str(ROOT / ".cache" / "jax"))
 
@@ -147,11 +149,15 @@ def spawn_train(tmp_path, cfg):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=subprocess_env())
 
 
-def subprocess_env(**extra) -> dict:
+def subprocess_env(fast_compile: bool = True, **extra) -> dict:
     """This environment plus the tests' compile cache (tests/conftest.py) at its threshold: a program another
-    test or process compiled is read back, not compiled again."""
-    return {**os.environ, "JAX_COMPILATION_CACHE_DIR": CACHE_DIR, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS":
-            str(jax.config.jax_persistent_cache_min_compile_time_secs), **extra}
+    test or process compiled is read back, not compiled again. XLA_FLAGS given here keep the tests' -O0 unless
+    `fast_compile` is False."""
+    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": CACHE_DIR, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS":
+           str(jax.config.jax_persistent_cache_min_compile_time_secs), **extra}
+    if fast_compile and "XLA_FLAGS" in extra and FAST_COMPILE in os.environ.get("XLA_FLAGS", ""):
+        env["XLA_FLAGS"] = f"{extra['XLA_FLAGS']} {FAST_COMPILE}"
+    return env
 
 
 def wait_for_row(proc, metrics: Path, pattern: str, timeout: float = 240):

@@ -20,7 +20,7 @@ import yaml
 
 from jaxrl_llm import cli
 from jaxrl_llm.ablate import command, grid as grid_mod, records, report, spec as spec_mod
-from tests.helpers import CACHE_DIR
+from tests.helpers import CACHE_DIR, FAST_COMPILE
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -320,7 +320,7 @@ def _tiny_base(tmp_path) -> Path:
 @pytest.mark.slow
 def test_end_to_end_two_arms_through_the_real_trainer(tmp_path, monkeypatch, capsys):
     """Two arms x one seed, 2 RL steps each of a 1-layer scratch model (~15 s a run on 2 cores)."""
-    monkeypatch.delenv("XLA_FLAGS", raising=False)  # one CPU device: the fastest tiny run
+    monkeypatch.setenv("XLA_FLAGS", FAST_COMPILE)  # one CPU device: the fastest tiny run
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", CACHE_DIR)
     monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
     base = _tiny_base(tmp_path)

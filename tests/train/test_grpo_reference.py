@@ -3,9 +3,11 @@
 The reference (tests/data/grpo_reference.*) was recorded with the pre-seam trainer (commit 5b54133)
 by `python -m tests.train.test_grpo_reference --record`: three RL steps of a tiny scratch model (two
 minibatches, so the minibatch permutation is exercised), every non-timing train metric and every
-parameter afterwards."""
+parameter afterwards. The run compared is made in its own process (`--run DIR`) at XLA's default optimisation
+level, as it was recorded: the suite's own processes compile at -O0 (tests/conftest.py), which moves last bits."""
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,7 +16,7 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.train.loop import Run
-from tests.helpers import tiny_cfg, train_rows
+from tests.helpers import ROOT, subprocess_env, tiny_cfg, train_rows
 
 pytestmark = pytest.mark.slow  # integration runs: tools/test.sh runs them, `-m "not slow"` leaves them out
 
@@ -37,7 +39,12 @@ def _reference_run(tmp: Path):
 
 
 def test_plain_grpo_through_the_seam_matches_the_recorded_trainer(tmp_path):
-    rows, params = _reference_run(tmp_path)
+    env = subprocess_env(fast_compile=False, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    out = subprocess.run([sys.executable, "-m", "tests.train.test_grpo_reference", "--run", str(tmp_path)], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = {int(k): v for k, v in json.loads((tmp_path / "rows.json").read_text()).items()}
+    params = dict(np.load(tmp_path / "params.npz"))
     want_rows = json.loads((DATA / "grpo_reference.json").read_text())
     want_params = dict(np.load(DATA / "grpo_reference_params.npz"))
     assert sorted(rows) == sorted(int(s) for s in want_rows)
@@ -58,6 +65,12 @@ def test_plain_grpo_through_the_seam_matches_the_recorded_trainer(tmp_path):
         off = d > 1e-6 + 1e-5 * np.abs(v)
         assert d.max() < 1e-4 and off.mean() <= 1e-3, (k, d.max(), int(off.sum()), off.size)
 
+
+if __name__ == "__main__" and "--run" in sys.argv:  # the test's run, in a process of its own
+    out = Path(sys.argv[sys.argv.index("--run") + 1])
+    rows, params = _reference_run(out / "run")
+    (out / "rows.json").write_text(json.dumps({str(k): v for k, v in rows.items()}))
+    np.savez(out / "params.npz", **params)
 
 if __name__ == "__main__" and "--record" in sys.argv:
     import tempfile
