@@ -221,15 +221,20 @@ def plan(cfg, model_cfg=None) -> MemoryPlan:
 def suggestions(p: MemoryPlan, cfg) -> list[str]:
     """Settings that would bring the plan under the devices' usable memory, each estimated on its own."""
     out = []
+    from jaxrl_llm.parallel.rules import DEFAULT_RULES
     from jaxrl_llm.rl.spec import rows_per_update
 
     rows = rows_per_update(cfg)
     m = cfg.algo.micro_batch
-    while m > 1:  # activations scale with the rows of a micro-batch
+    # activations scale with a micro-batch's rows per device: rows split over the batch axes only when they
+    # divide, so a micro-batch of fewer rows than the batch shards is no smaller on a device
+    shards = math.prod(p.mesh.get(a, 1) for a in DEFAULT_RULES["batch"])
+    per_device = lambda n: n // shards if n % shards == 0 else n  # noqa: E731
+    while m > 1:
         m //= 2
-        if rows % m:
+        if rows % m or per_device(m) >= per_device(p.micro_batch):
             continue
-        act = p.activations * m // p.micro_batch
+        act = p.activations * per_device(m) // per_device(p.micro_batch)
         more = p.gradients if p.micro_batches == 1 else 0  # accumulating micro-batches keep a second gradient copy
         scaled = dataclasses.replace(p, activations=act, gradients=p.gradients + more,
                                      update_peak=p.update_peak - p.activations + act + more)

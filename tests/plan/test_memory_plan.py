@@ -240,3 +240,20 @@ def test_a_lora_plan_counts_the_adapters_state_alone():
     assert p.gradients == adapters and p.reference == adapters  # float32 adapters, one micro-batch
     assert p.optimizer == size(opt_state) and 2 * adapters <= p.optimizer < 2 * adapters + 1024  # Adam + scalars
     assert full.optimizer >= 2 * full.params
+
+
+def test_a_smaller_micro_batch_is_suggested_only_where_it_holds_fewer_rows_per_device():
+    """On fsdp 8, rows split over the 8 chips only in multiples of 8: a micro-batch of 4 rows is 4 rows on every
+    chip, more than 8 rows' one, so from 8 rows nothing smaller is suggested; from 32, 16 rows halve a chip's share."""
+    from jaxrl_llm.plan.memory import MemoryPlan, suggestions
+
+    gib = 2 ** 30
+    cfg = lambda m: load_config(None, ["rollout.prompts_per_step=8", "rollout.group_size=8", "mesh.data=1",  # noqa: E731
+                                       "mesh.fsdp=8", f"algo.micro_batch={m}"])
+    base = dict(devices=8, platform="tpu", mesh={"data": 1, "fsdp": 8, "tensor": 1}, capacity=16 * gib,
+                capacity_source="test", params=2 * gib, optimizer=0, reference=0, sampling_copy=0, gradients=0,
+                kv_cache=0, sampler_logits=0, micro_batches=8, remat=True)
+    eight = MemoryPlan(**base, activations=20 * gib, update_peak=22 * gib, micro_batch=8)
+    assert not any(s.startswith("algo.micro_batch") for s in suggestions(eight, cfg(8)))
+    thirty_two = MemoryPlan(**base, activations=20 * gib, update_peak=22 * gib, micro_batch=32)
+    assert suggestions(thirty_two, cfg(32))[0].startswith("algo.micro_batch=16 (update peak about 12.0")
