@@ -15,6 +15,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 import yaml
 from flax import nnx
@@ -70,6 +71,34 @@ def forward_logits(graphdef, state, ids):
 
 def torch_or_skip():
     return pytest.importorskip("torch", reason="torch is the test oracle; install the test extra (torch==2.13.0)")
+
+
+def update_batch(vocab_size: int, rows: int = 16, length: int = 24, seed: int = 0):
+    """A random rows-layout update batch: tokens, a response span per row, old log-probs, advantages and
+    temperatures, the last row invalid (padding)."""
+    from jaxrl_llm.rl.batch import RowBatch
+
+    rng = np.random.RandomState(seed)
+    tokens = rng.randint(1, vocab_size, size=(rows, length)).astype(np.int32)
+    mask = np.zeros((rows, length), bool)
+    for i in range(rows):
+        start = rng.randint(4, 10)
+        mask[i, start:start + rng.randint(3, length - start)] = True
+    return RowBatch.make(tokens, mask, old_logp=np.where(mask, rng.uniform(-5.0, -3.0, size=(rows, length)), 0),
+                         advantages=rng.randn(rows), temperature=rng.uniform(0.5, 1.5, rows),
+                         valid=np.arange(rows) < rows - 1)
+
+
+def with_random_adapters(model, rank: int = 4, alpha: float = 8.0, seed: int = 1, scale: float = 0.2, targets=None):
+    """`model` with LoRA adapters (model/lora.py) on `targets` (default: every projection), in place, whose B is
+    random too: fresh adapters have B = 0 and change nothing (and give A no gradient)."""
+    from jaxrl_llm.model import lora
+
+    lora.add_adapters(model, lora.LoraSpec(rank, alpha, tuple(targets or lora.TARGETS)), seed)
+    for n, (_, _, module, name) in enumerate(lora.adapted(model)):
+        b = getattr(module, f"{name}_lora_b")
+        b[...] = jax.random.normal(jax.random.key(100 + n), b.shape) * scale
+    return model
 
 
 def tiny_cfg(tmp_path, *extra):

@@ -8,21 +8,12 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from tests.helpers import TINY, forward_logits, torch_or_skip
+from tests.helpers import TINY, forward_logits, torch_or_skip, with_random_adapters
 from jaxrl_llm.model import lora
 from jaxrl_llm.model.transformer import init_model
 
 SPEC = lora.LoraSpec(rank=4, alpha=8.0, targets=tuple(lora.TARGETS))
 IDS = np.array([[5, 17, 33, 2, 90, 41, 7, 12, 64, 3]], np.int32)
-
-
-def with_random_adapters(model, spec=SPEC, seed=1, scale=0.2):
-    """`model` with adapters whose B is random too (fresh adapters have B = 0 and change nothing)."""
-    lora.add_adapters(model, spec, seed)
-    for n, (_, _, module, name) in enumerate(lora.adapted(model)):
-        b = getattr(module, f"{name}_lora_b")
-        b[...] = jax.random.normal(jax.random.key(100 + n), b.shape) * scale
-    return model
 
 
 def _logits(model):
@@ -35,7 +26,7 @@ def test_fresh_adapters_change_nothing_and_trained_ones_equal_the_merged_weights
     base_logits = _logits(init_model(TINY, seed=3))
     fresh = lora.add_adapters(init_model(TINY, seed=3), SPEC, seed=1)
     np.testing.assert_array_equal(_logits(fresh), base_logits)  # B = 0: exactly the base
-    adapted = with_random_adapters(init_model(TINY, seed=3))
+    adapted = with_random_adapters(init_model(TINY, seed=3), SPEC.rank, SPEC.alpha)
     merged = init_model(TINY, seed=3)
     for i, layer in enumerate(adapted.layers):
         for target in SPEC.targets:
@@ -85,8 +76,7 @@ def test_peft_loads_our_adapter_and_transformers_our_merged_export(tmp_path):
                                       attn_implementation="eager")).eval()
     hf.save_pretrained(tmp_path / "base")
     ours, _ = load_hf_folder(tmp_path / "base")
-    spec = lora.LoraSpec(rank=4, alpha=16.0, targets=tuple(lora.TARGETS))
-    with_random_adapters(ours, spec, scale=0.5)
+    with_random_adapters(ours, rank=4, alpha=16.0, scale=0.5)
     ours_logits = _logits(ours)
     with torch.no_grad():
         base_logits = hf(torch.tensor(IDS)).logits.numpy()

@@ -1,7 +1,7 @@
 """The update with LoRA adapters (model/lora.py): only the adapters move, by the chain rule of the merged model's
 weight gradient (dL/dA = s dL/dW B^T, dL/dB = s A^T dL/dW, s = alpha / rank); the base passes through bit for bit;
-the optimizer state is the adapters' alone; the same update on an 8-device mesh equals one device; the sampler's
-log-probs of base + adapters are the update's."""
+the optimizer state is the adapters' alone; the same update on an 8-device mesh equals one device. The sampler's
+log-probs of base + adapters against the update's: tests/rl/test_rl_core.py."""
 
 import jax
 import jax.numpy as jnp
@@ -10,14 +10,12 @@ import optax
 import pytest
 from flax import nnx
 
-from tests.helpers import TINY
+from tests.helpers import TINY, update_batch, with_random_adapters
 from jaxrl_llm.model import lora
 from jaxrl_llm.model.transformer import init_model
 from jaxrl_llm.parallel.mesh import make_mesh
 from jaxrl_llm.parallel.rules import shard_state
-from jaxrl_llm.rl.batch import RowBatch
 from jaxrl_llm.rl.update import UpdateSpec, abstract_optimizer_state, init_optimizer, make_optimizer, make_update
-from jaxrl_llm.sampling.sampler import Sampler
 
 SPEC = lora.LoraSpec(rank=4, alpha=8.0, targets=tuple(lora.TARGETS))
 COEFS = {"eps_low": 0.2, "eps_high": 0.28, "dual_clip": 3.0, "kl_coef": 0.0, "norm_len": 16.0,
@@ -30,22 +28,11 @@ def adapted_model(seed=3):
     """The tiny model with sharp logits and adapters whose B is random (a fresh B = 0 gives dL/dA = 0)."""
     model = init_model(TINY, seed=seed)
     nnx.update(model, jax.tree.map(lambda x: x * 8.0 if x.ndim > 1 else x, nnx.state(model)))
-    lora.add_adapters(model, SPEC, seed=1)
-    for n, (_, _, module, name) in enumerate(lora.adapted(model)):
-        b = getattr(module, f"{name}_lora_b")
-        b[...] = jax.random.normal(jax.random.key(100 + n), b.shape) * 0.05
-    return model
+    return with_random_adapters(model, SPEC.rank, SPEC.alpha, scale=0.05)
 
 
-def _batch(rows=16, length=24, seed=0):
-    rng = np.random.RandomState(seed)
-    tokens = rng.randint(1, TINY.vocab_size, size=(rows, length)).astype(np.int32)
-    mask = np.zeros((rows, length), bool)
-    for i in range(rows):
-        start = rng.randint(4, 10)
-        mask[i, start:start + rng.randint(3, length - start)] = True
-    return RowBatch.make(tokens, mask, old_logp=np.where(mask, rng.uniform(-5.0, -3.0, size=(rows, length)), 0),
-                         advantages=rng.randn(rows), temperature=rng.uniform(0.5, 1.5, rows))
+def _batch(seed=0):
+    return update_batch(TINY.vocab_size, seed=seed)
 
 
 def _step(model, mesh_shape, devices, spec=UpdateSpec(micro_batches=2)):
@@ -123,21 +110,3 @@ def test_adapter_update_on_eight_devices_equals_one():
     got, metrics = _step(adapted_model(), {"data": 2, "fsdp": 2, "tensor": 2}, None)
     assert float(metrics["loss"]) == pytest.approx(float(ref_metrics["loss"]), rel=1e-5)
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6), jax.tree.leaves(ref), jax.tree.leaves(got))
-
-
-def test_sampler_logprobs_with_adapters_are_the_updates():
-    model = adapted_model()
-    sampler, state = Sampler.for_model(model, pad_id=0, stop_ids=())
-    rng = np.random.RandomState(0)
-    prompts = [list(rng.randint(1, 96, size=n)) for n in (3, 9, 5, 14, 7, 2, 11, 6)]
-    out = sampler(state, prompts, max_new_tokens=12, temperature=np.full(8, 0.8, np.float32), key=jax.random.key(3))
-    batch = RowBatch.make(out.tokens, out.response_mask, context_len=out.context_len, old_logp=out.logprobs,
-                          advantages=rng.randn(8), temperature=out.temperature)
-    mesh = make_mesh({"data": 1}, devices=jax.devices()[:1])
-    graphdef, params = nnx.split(model)
-    params = shard_state(jax.tree.map(jnp.copy, params), mesh)
-    opt = SGD(learning_rate=0.0)
-    update = make_update(graphdef, UpdateSpec(), opt, params, init_optimizer(opt, params, mesh), mesh)
-    _, _, m = update(params, init_optimizer(opt, params, mesh), batch, COEFS)
-    assert out.response_mask.sum() > 50
-    assert float(m["logp_gap"]) < 1e-5, m

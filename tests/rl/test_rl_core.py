@@ -14,6 +14,8 @@ from jaxrl_llm.rl.advantages import group_advantages
 from jaxrl_llm.rl.batch import RowBatch
 from jaxrl_llm.rl.losses import aggregate, clipped_token_loss, hindsight_token_loss, token_logprobs
 from jaxrl_llm.rl.update import UpdateSpec, init_optimizer, make_optimizer, make_update
+from jaxrl_llm.sampling.sampler import Sampler
+from tests.helpers import update_batch, with_random_adapters
 
 
 def brute_advantages(rewards, groups, valid, estimator):
@@ -74,15 +76,7 @@ def test_aggregations_by_hand():
 
 
 def _batch(cfg, rows=16, length=24, seed=0):
-    rng = np.random.RandomState(seed)
-    tokens = rng.randint(1, cfg.vocab_size, size=(rows, length)).astype(np.int32)
-    mask = np.zeros((rows, length), bool)
-    for i in range(rows):
-        start = rng.randint(4, 10)
-        mask[i, start:start + rng.randint(3, length - start)] = True
-    return RowBatch.make(tokens, mask, old_logp=np.where(mask, rng.uniform(-5.0, -3.0, size=(rows, length)), 0),
-                         advantages=rng.randn(rows), temperature=rng.uniform(0.5, 1.5, rows),
-                         valid=np.arange(rows) < rows - 1)
+    return update_batch(cfg.vocab_size, rows, length, seed)
 
 
 # hindsight_gamma at its default (1.0): the hindsight test's coefficients then have the same structure,
@@ -254,11 +248,16 @@ def test_cosine_schedule_by_hand():
 
 
 @pytest.mark.slow
-def test_sampler_logprobs_are_the_trainers_at_the_same_positions(tiny_model, tiny_sampler):
+@pytest.mark.parametrize("adapters", [False, True], ids=["full", "lora"])
+def test_sampler_logprobs_are_the_trainers_at_the_same_positions(tiny_model, tiny_sampler, adapters):
     """Rows sampled by the real sampler (mixed temperatures and lengths, stops) go through the update's
     log-prob pass: the gap is ~0 and no token clips. Shifting old log-probs by one position, the kind
-    of off-by-one this guards against, gives a large gap."""
+    of off-by-one this guards against, gives a large gap. With LoRA adapters (random B) on every projection too:
+    sampler and update both run base + adapters."""
     sampler, state = tiny_sampler
+    if adapters:
+        tiny_model = with_random_adapters(nnx.clone(tiny_model), scale=0.05)
+        sampler, state = Sampler.for_model(tiny_model, pad_id=0, stop_ids=())
     rng = np.random.RandomState(0)
     prompts = [list(rng.randint(1, 96, size=n)) for n in (3, 9, 5, 14, 7, 2, 11, 6) * 2]
     temps = np.tile([0.0, 0.6, 1.0, 1.4], 4).astype(np.float32)
