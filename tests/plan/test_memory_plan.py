@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.config import load_config
+from tests.helpers import FAST_COMPILE
 from jaxrl_llm.plan.memory import MemoryPlanError, check, format_size, kv_cache_bytes, plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,7 +79,7 @@ MEASURED = {"shared-1-micro": ["algo.micro_batch=64"], "shared-4-micro": ["algo.
 @pytest.fixture(scope="module")
 def measured_peaks():
     """The three layouts measured in one fresh process (one device, nothing else allocated), one after another."""
-    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu",
+    env = {"XLA_FLAGS": f"--xla_force_host_platform_device_count=1 {FAST_COMPILE}", "JAX_PLATFORMS": "cpu",
            "PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
     configs = [BASE + ["mesh.data=1"] + extra for extra in MEASURED.values()]
     out = subprocess.run([sys.executable, "-c", _MEASURE, json.dumps(configs)], capture_output=True, text=True,
