@@ -178,8 +178,9 @@ def optimizer_shardings(optimizer, params, mesh: Mesh):
 
 def abstract_optimizer_state(optimizer, params, mesh: Mesh):
     """The optimizer state's shapes and shardings (nothing allocated): enough to build an update."""
-    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                        jax.eval_shape(optimizer.init, lora.trainable(params)), optimizer_shardings(optimizer, params, mesh))
+    shapes = jax.eval_shape(optimizer.init, lora.trainable(params))
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes,
+                        optimizer_shardings(optimizer, params, mesh))
 
 
 def init_optimizer(optimizer, params, mesh: Mesh):
