@@ -145,12 +145,14 @@ def adapted(model):
             yield i, target, getattr(layer, sub), name
 
 
+def _host(module, name: str) -> np.ndarray:
+    return np.asarray(jax.device_get(getattr(module, name)[...]), np.float32)
+
+
 def merged_weight(module, name: str) -> np.ndarray:
     """W + scale A B of one adapted projection, in float32 (host memory)."""
-    w = np.asarray(jax.device_get(getattr(module, name)[...]), np.float32)
-    a = np.asarray(jax.device_get(getattr(module, f"{name}_lora_a")[...]), np.float32)
-    b = np.asarray(jax.device_get(getattr(module, f"{name}_lora_b")[...]), np.float32)
-    return w + module.lora_scale * np.tensordot(a, b, axes=1)
+    a, b = _host(module, f"{name}_lora_a"), _host(module, f"{name}_lora_b")
+    return _host(module, name) + module.lora_scale * np.tensordot(a, b, axes=1)
 
 
 def merged_weights(model) -> dict:
@@ -172,8 +174,7 @@ def save_peft_adapter(model, folder: str | Path, base_model: str = "") -> Path:
     tensors = {}
     for i, target, module, name in adapted(model):
         prefix = f"base_model.model.model.layers.{i}.{HF_MODULE[TARGETS[target][0]]}.{target}"
-        a = np.asarray(jax.device_get(getattr(module, f"{name}_lora_a")[...]), np.float32)
-        b = np.asarray(jax.device_get(getattr(module, f"{name}_lora_b")[...]), np.float32)
+        a, b = _host(module, f"{name}_lora_a"), _host(module, f"{name}_lora_b")
         tensors[f"{prefix}.lora_A.weight"] = np.ascontiguousarray(a.reshape(-1, spec.rank).T)
         tensors[f"{prefix}.lora_B.weight"] = np.ascontiguousarray(b.reshape(spec.rank, -1).T)
     save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})

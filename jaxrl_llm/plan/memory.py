@@ -188,6 +188,7 @@ def memory_plan(cfg, model_cfg, mesh, shapes, params, opt_state, update, capacit
     trained = trainable(params)
     f32_params = _per_device_bytes(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, np.float32,
                                                                                sharding=x.sharding), trained))
+    reference = _per_device_bytes(trained) if cfg.algo.kl_coef > 0 else 0  # the reference is what trains
     temp = update.memory.temp_size_in_bytes
     grads = f32_params * (2 if update.micro_batches > 1 else 1)
     copy = 0
@@ -197,7 +198,7 @@ def memory_plan(cfg, model_cfg, mesh, shapes, params, opt_state, update, capacit
     logits = 3 * rows * model_cfg.vocab_size * 4 // _axis_share(mesh, DEFAULT_RULES["batch"], rows)
     return MemoryPlan(devices=int(mesh.devices.size), platform=mesh.devices.flat[0].platform, mesh=dict(mesh.shape),
                       capacity=capacity[0], capacity_source=capacity[1], params=param_bytes, optimizer=opt_bytes,
-                      reference=_per_device_bytes(trained) if cfg.algo.kl_coef > 0 else 0, sampling_copy=copy, gradients=grads,
+                      reference=reference, sampling_copy=copy, gradients=grads,
                       activations=max(temp - grads, 0), update_peak=peak_bytes(update.memory),
                       kv_cache=kv_cache_bytes(cfg, model_cfg, mesh, shapes.prefill, shapes.sampling_calls),
                       sampler_logits=logits, micro_batch=int(update.rows_per_micro_batch),

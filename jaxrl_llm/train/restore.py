@@ -128,7 +128,7 @@ def load_checkpoint(cfg: Config, mesh, step: str | None = None, log=print) -> Lo
             policy, fresh = build_policy(cfg, mesh, Path(scratch))
         base, like = lora.frozen(fresh), _abstract(lora.trainable(fresh))
     else:
-        (policy, like), base = skeleton(cfg, mesh), None
+        (policy, like), base, fresh = skeleton(cfg, mesh), None, None
     folders = {"rl": out_dir / "checkpoints", "sft": out_dir / "sft_checkpoints"}
     ckpts = {kind: Checkpointer(d, log=log, read_only=True) for kind, d in folders.items() if d.is_dir()}
     available = {kind: sorted(c.manager.all_steps()) for kind, c in ckpts.items()}
@@ -158,9 +158,10 @@ def load_checkpoint(cfg: Config, mesh, step: str | None = None, log=print) -> Lo
     if damaged:
         raise CheckpointDamagedError(f"{out_dir}: no intact checkpoint (damaged: {', '.join(damaged)}, left in place)")
     log(f"{out_dir} holds no checkpoint: evaluating the config's initial policy (model.name={cfg.model.name})")
-    with tempfile.TemporaryDirectory(prefix="jaxrl-llm-eval-") as scratch:  # the scratch tokenizer's files
-        policy, params = build_policy(cfg, mesh, Path(scratch))
-    return Loaded(policy, params, f"{out_dir.name}-initial", 0, cfg.train.seed, f"the initial {cfg.model.name} policy")
+    if fresh is None:  # (a LoRA run's initial policy is built above already)
+        with tempfile.TemporaryDirectory(prefix="jaxrl-llm-eval-") as scratch:  # the scratch tokenizer's files
+            policy, fresh = build_policy(cfg, mesh, Path(scratch))
+    return Loaded(policy, fresh, f"{out_dir.name}-initial", 0, cfg.train.seed, f"the initial {cfg.model.name} policy")
 
 
 def load_model(name: str, cfg: Config, mesh) -> Loaded:

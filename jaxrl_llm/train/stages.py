@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from jaxrl_llm.rl.spec import loss_coefs, sft_spec
 from jaxrl_llm.model import lora
+from jaxrl_llm.rl.spec import loss_coefs, sft_spec
 from jaxrl_llm.rl.update import abstract_optimizer_state, init_optimizer, make_update
 from jaxrl_llm.train.evaluate import evaluate
 from jaxrl_llm.train.sft import sft_batch
