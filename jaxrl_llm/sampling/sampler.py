@@ -12,7 +12,7 @@ Layout of the token buffer [B, S]: row b holds its context (prompt, then an opti
 of the response) in slots [0, context_len), generated tokens after it, pad to the right. Slot index
 equals position, which is also the KV-cache slot, so rows of different lengths decode together and
 each row computes exactly what it would alone. Row keys are independent of batch composition:
-row i uses `fold_in(row_key_i, step)`.
+row i draws its t-th new token with `fold_in(row_key_i, t)`.
 
 Shared prefill: rows often share their context (GRPO samples each prompt `group_size` times), so
 the program prefills each distinct context once ([U, prefill] tokens, U <= B, also a power-of-two
@@ -32,16 +32,16 @@ from flax import nnx
 
 from jax.sharding import Mesh
 
-from jaxrl_llm.model.transformer import KVCache, Transformer
+from jaxrl_llm.model.transformer import Transformer
 from jaxrl_llm.parallel import hosts
 from jaxrl_llm.parallel.hosts import tree_to_host
 from jaxrl_llm.parallel.rules import row_sharding
 from jaxrl_llm.sampling.buckets import bucket
-from jaxrl_llm.sampling.processors import choose_tokens
+from jaxrl_llm.sampling.decode import (FINISH_LENGTH, FINISH_STOP, RowSettings, RowState, decode_levels,  # noqa: F401
+                                       decode_step, expand_cache, live_end, pad_cache, prefill)
+from jaxrl_llm.sampling.slots import SlotDecoder
 
 DECODE_LEVEL = 256  # decode's first cache level beyond the prefill (decode_levels); shorter buffers: one level
-FINISH_STOP = 0  # a stop token was generated (it is kept in the response)
-FINISH_LENGTH = 1  # the row's max_new_tokens (or the cache) ran out
 
 
 class PromptTooLongError(ValueError):
@@ -148,45 +148,6 @@ class SampleOutput:
         return self.tokens[i, start:start + int(self.num_generated[i])].tolist()
 
 
-def prefill(model: Transformer, tokens_UP, context_len_U):
-    """Encode U contexts of (bucketed) length P. Returns their cache [U, ..., P] (slots = positions
-    0..P-1) and float32 logits [U, V] at each context's last position."""
-    n, length = tokens_UP.shape
-    # the cache takes the weights' dtype (bf16 weights cast for sampling in the compute dtype give a bf16
-    # cache), so keys and values are rounded as the trainer's forward rounds them
-    cache = KVCache.zeros(model.cfg, n, length, dtype=model.embed[...].dtype)
-    positions = jnp.broadcast_to(jnp.arange(length), (n, length))
-    hidden, cache = model(tokens_UP, positions, cache)
-    return cache, model.logits(hidden[jnp.arange(n), context_len_U - 1])
-
-
-def decode_levels(prefill_len: int, slots: int, first_level: int) -> list[int]:
-    """Cache lengths the decode loop grows through: prefill + first_level, + 2 x first_level, ..., slots."""
-    levels, n = [], first_level
-    while first_level > 0 and prefill_len + n < slots:
-        levels.append(prefill_len + n)
-        n *= 2
-    return levels + [slots]
-
-
-def pad_cache(cache: KVCache, slots: int) -> KVCache:
-    """The same cache with zero slots appended up to `slots`."""
-    extra = slots - cache.slots
-    return KVCache([jnp.pad(k, ((0, 0), (0, 0), (0, 0), (0, extra))) for k in cache.keys],
-                   [jnp.pad(v, ((0, 0), (0, 0), (0, extra), (0, 0))) for v in cache.values])
-
-
-def expand_cache(cache: KVCache, row_source_B, slots: int) -> KVCache:
-    """Row b of the result is row `row_source_B[b]` of `cache`, slots padded with zeros up to `slots`."""
-    def take(x, slot_axis):
-        x = x[row_source_B]
-        pad = [(0, 0)] * x.ndim
-        pad[slot_axis] = (0, slots - x.shape[slot_axis])
-        return jnp.pad(x, pad)
-
-    return KVCache([take(k, 3) for k in cache.keys], [take(v, 2) for v in cache.values])
-
-
 @functools.partial(jax.jit, static_argnames=("graphdef", "first_level"), donate_argnames=("tokens_BS",))
 def generate_program(graphdef, state, tokens_BS, context_len_B, max_new_B, temperature_B, top_p_B, top_k_B,
                      keys_B, stop_ids_K, unique_tokens_UP, unique_len_U, row_source_B, first_level: int = 0):
@@ -195,53 +156,35 @@ def generate_program(graphdef, state, tokens_BS, context_len_B, max_new_B, tempe
     finish, the cache growing through `decode_levels` (first_level 0: the whole buffer from the start).
     `tokens_BS` holds every row's context too (it becomes the output)."""
     model: Transformer = nnx.merge(graphdef, state)
-    keys_B = jax.random.wrap_key_data(keys_B)
     batch, slots = tokens_BS.shape
     prefill_len = unique_tokens_UP.shape[1]
-    rows = jnp.arange(batch)
     cache_U, logits_UV = prefill(model, unique_tokens_UP, unique_len_U)
     # the B-row cache is a fresh buffer that the decode loop carries and updates in place; the U-row
     # prefill cache is dead after this copy
     levels = decode_levels(prefill_len, slots, first_level)
-    cache = expand_cache(cache_U, row_source_B, levels[0])
-    logits_BV = logits_UV[row_source_B]
+    settings = RowSettings(max_new_B, temperature_B, top_p_B, top_k_B, keys_B)
+    zeros_BS = jnp.zeros((batch, slots), jnp.float32)
+    rows = RowState(tokens_BS, zeros_BS, zeros_BS, expand_cache(cache_U, row_source_B, levels[0]),
+                    logits_UV[row_source_B], context_len_B, jnp.zeros((batch,), jnp.int32), max_new_B <= 0,
+                    jnp.full((batch,), FINISH_LENGTH, jnp.int32))
 
     def cond(carry, level_slots):
-        step, *_, pos_B, _, done_B, _ = carry
-        going = (step < slots - prefill_len + 1) & ~jnp.all(done_B)
-        if level_slots == slots:  # the last level: pos_B < slots always (a row at the last slot has finished)
+        step, rows = carry
+        going = (step < slots - prefill_len + 1) & ~jnp.all(rows.done)
+        if level_slots == slots:  # the last level: a live row is always below the last slot
             return going
-        # every row writes its next key at pos_B (finished rows rewrite their last slot): all must fit the level
-        return going & (jnp.max(pos_B) < level_slots)
+        return going & (live_end(rows) < level_slots)  # every live row writes its next key inside the level
 
     def body(carry):
-        step, tokens, logp_BS, ent_BS, cache, logits_BV, pos_B, count_B, done_B, reason_B = carry
-        keys_t = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys_B, step)
-        tok, lp, ent = choose_tokens(logits_BV, temperature_B, top_p_B, top_k_B, keys_t)
-        active = ~done_B
-        # finished rows stay on their last token's slot: keep what is there
-        tokens = tokens.at[rows, pos_B].set(jnp.where(active, tok, tokens[rows, pos_B]))
-        logp_BS = logp_BS.at[rows, pos_B].set(jnp.where(active, lp, logp_BS[rows, pos_B]))
-        ent_BS = ent_BS.at[rows, pos_B].set(jnp.where(active, ent, ent_BS[rows, pos_B]))
-        count_B = count_B + active
-        stopped = jnp.any(tok[:, None] == stop_ids_K[None, :], axis=-1)
-        out_of_room = (count_B >= max_new_B) | (pos_B + 1 >= slots)
-        finishing = active & (stopped | out_of_room)
-        reason_B = jnp.where(finishing, jnp.where(stopped, FINISH_STOP, FINISH_LENGTH), reason_B)
-        done_B = done_B | finishing
-        hidden, cache = model(tok[:, None], pos_B[:, None], cache)
-        logits_BV = model.logits(hidden[:, 0])
-        pos_B = jnp.where(done_B, pos_B, pos_B + 1)
-        return step + 1, tokens, logp_BS, ent_BS, cache, logits_BV, pos_B, count_B, done_B, reason_B
+        step, rows = carry
+        return step + 1, decode_step(model, settings, stop_ids_K, rows)
 
-    zeros_BS = jnp.zeros((batch, slots), jnp.float32)
-    carry = (jnp.int32(0), tokens_BS, zeros_BS, zeros_BS, cache, logits_BV, context_len_B,
-             jnp.zeros((batch,), jnp.int32), max_new_B <= 0, jnp.full((batch,), FINISH_LENGTH, jnp.int32))
+    carry = (jnp.int32(0), rows)
     for level_slots in levels:  # a loop per cache length; a level no row reaches runs no step
-        carry = carry[:4] + (pad_cache(carry[4], level_slots),) + carry[5:]
+        carry = (carry[0], carry[1]._replace(cache=pad_cache(carry[1].cache, level_slots)))
         carry = jax.lax.while_loop(functools.partial(cond, level_slots=level_slots), body, carry)
-    _, tokens, logp_BS, ent_BS, _, _, _, count_B, _, reason_B = carry
-    return tokens, logp_BS, ent_BS, count_B, reason_B
+    rows = carry[1]
+    return rows.tokens, rows.logp, rows.ent, rows.count, rows.reason
 
 
 @functools.partial(jax.jit, static_argnums=1)
@@ -268,8 +211,13 @@ class Sampler:
 
     def __init__(self, graphdef, *, pad_id: int, stop_ids: Sequence[int] = (), max_cache_len: int = 4096,
                  min_batch: int = 1, min_context: int = 16, min_new: int = 16, mesh: Mesh | None = None,
-                 share_prefill: bool = True, min_unique: int = 1, decode_level: int = DECODE_LEVEL):
+                 share_prefill: bool = True, min_unique: int = 1, decode_level: int = DECODE_LEVEL,
+                 decode_slots: int = 0):
         self.graphdef = graphdef
+        # > 0: a call's rows decode through this many slots that finished rows leave and waiting rows refill
+        # (sampling/slots.py); 0: every row of a call decodes in one program until the last has finished
+        self.decode_slots = int(decode_slots)
+        self.slot_stats = None  # the last slot-decoded call's SlotStats
         # decode attends over prefill + this many slots first, doubling as rows grow (0: the whole buffer)
         self.decode_level = int(decode_level)
         # prefill each distinct context (prompt + prefix) once; False prefills every row (a benchmark's baseline)
@@ -303,27 +251,38 @@ class Sampler:
         """`min_rows` / `min_context`: floors of this call's batch and context buckets (calls whose sizes
         vary, such as HeRL's guided revisions, keep one program); the distinct-context bucket then is
         the batch bucket."""
-        args, meta = self._inputs(prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                  top_k=top_k, key=key, row_keys=row_keys, prefixes=prefixes, stop_ids=stop_ids,
-                                  min_rows=min_rows, min_context=min_context)
-        out = generate_program(self.graphdef, state, *args, first_level=self.decode_level)
-        # rows are sharded over the mesh; on a multi-host mesh every process gathers all of them
-        tokens, logp, ent, count, reason = tree_to_host(out)
-        n = meta["n"]
+        kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, key=key,
+                      row_keys=row_keys, prefixes=prefixes, stop_ids=stop_ids, min_rows=min_rows,
+                      min_context=min_context)
+        if self.decode_slots:
+            h = self._host_rows(prompts, **kwargs)
+            n = h["n"]
+            decoder = SlotDecoder(self.graphdef, slots=self.decode_slots, first_level=self.decode_level,
+                                  pad_id=self.pad_id, mesh=self.mesh)
+            *out, self.slot_stats = decoder(
+                state, h["contexts"], prefill_len=h["prefill"], buffer=h["slots"], max_new=h["max_new"],
+                temperature=h["temperature"], top_p=h["top_p"], top_k=h["top_k"], key_data=h["key_data"][:n],
+                stop_ids=h["stops"], share_prefill=self.share_prefill, min_unique=self.min_unique, min_rows=min_rows)
+        else:
+            args, h = self._inputs(prompts, **kwargs)
+            n = h["n"]
+            # rows are sharded over the mesh; on a multi-host mesh every process gathers all of them
+            out = [x[:n] for x in tree_to_host(generate_program(self.graphdef, state, *args,
+                                                                 first_level=self.decode_level))]
+        tokens, logp, ent, count, reason = out
         return SampleOutput(
-            tokens=tokens[:n], prompt_len=meta["prompt_len"], prefix_len=meta["prefix_len"],
-            num_generated=count[:n], logprobs=logp[:n], entropy=ent[:n], finish_reason=reason[:n],
-            temperature=meta["temperature"], pad_id=self.pad_id)
+            tokens=tokens, prompt_len=h["prompt_len"], prefix_len=h["prefix_len"], num_generated=count,
+            logprobs=logp, entropy=ent, finish_reason=reason, temperature=h["temperature"], pad_id=self.pad_id)
 
     def lower(self, state, prompts: Sequence[Sequence[int]], **kwargs) -> jax.stages.Lowered:
         """The program a call with these arguments runs, lowered (not run): for cost analysis and tests."""
         args, _ = self._inputs(prompts, **kwargs)
         return generate_program.lower(self.graphdef, state, *args, first_level=self.decode_level)
 
-    def _inputs(self, prompts, *, max_new_tokens=128, temperature=1.0, top_p=1.0, top_k=0, key=None,
-                row_keys=None, prefixes=None, stop_ids=None, min_rows=0, min_context=0) -> tuple[list[jax.Array], dict]:
-        """Padded, bucketed (and, with a mesh, row-sharded) device arguments of generate_program after
-        `graphdef, state`, and host facts for the output."""
+    def _host_rows(self, prompts, *, max_new_tokens=128, temperature=1.0, top_p=1.0, top_k=0, key=None,
+                   row_keys=None, prefixes=None, stop_ids=None, min_rows=0, min_context=0) -> dict:
+        """A call's rows as host arrays, checked, and its buckets: contexts, per-row settings (n rows), key data
+        (b rows: padding rows repeat row 0's key), stop ids, and (b, prefill, slots) of `shapes`."""
         n = len(prompts)
         if n == 0:
             raise ValueError("no prompts given")
@@ -342,7 +301,27 @@ class Sampler:
         max_new = _per_row(max_new_tokens, n, np.int32, "max_new_tokens")
         max_new = np.minimum(max_new, self.max_cache_len - ctx_len)
         b, prefill, slots = self.shapes(max(n, min_rows), max(int(ctx_len.max()), min_context), int(max_new.max()))
+        if row_keys is None:
+            key_data = np.asarray(row_key_data(jax.random.key(0) if key is None else key, b))
+        else:
+            key_data = np.asarray(jax.random.key_data(row_keys))
+            if key_data.shape[0] != n:
+                raise ValueError(f"row_keys has {key_data.shape[0]} keys for {n} prompts")
+            key_data = np.concatenate([key_data, np.repeat(key_data[:1], b - n, axis=0)])
+        return dict(n=n, contexts=contexts, ctx_len=ctx_len, max_new=max_new, b=b, prefill=prefill, slots=slots,
+                    key_data=key_data, temperature=_per_row(temperature, n, np.float32, "temperature"),
+                    top_p=_per_row(top_p, n, np.float32, "top_p"), top_k=_per_row(top_k, n, np.int32, "top_k"),
+                    stops=self.stop_ids if stop_ids is None else tuple(stop_ids),
+                    prompt_len=np.array([len(p) for p in prompts], np.int32),
+                    prefix_len=np.array([len(x) for x in prefixes], np.int32))
 
+    def _inputs(self, prompts, **kwargs) -> tuple[list[jax.Array], dict]:
+        """Padded, bucketed (and, with a mesh, row-sharded) device arguments of generate_program after
+        `graphdef, state`, and host facts for the output."""
+        h = self._host_rows(prompts, **kwargs)
+        n, contexts, ctx_len, max_new, b, prefill, slots = (h[k] for k in ("n", "contexts", "ctx_len", "max_new", "b",
+                                                                             "prefill", "slots"))
+        min_rows = kwargs.get("min_rows", 0)
         tokens = np.full((b, slots), self.pad_id, np.int32)
         for i, c in enumerate(contexts):
             tokens[i, :len(c)] = c
@@ -363,29 +342,16 @@ class Sampler:
             unique_tokens = tokens[:, :prefill].copy()
             unique_len = np.concatenate([ctx_len, np.ones((pad_rows,), np.int32)])
 
-        if row_keys is None:
-            key_data = np.asarray(row_key_data(jax.random.key(0) if key is None else key, b))
-        else:
-            key_data = np.asarray(jax.random.key_data(row_keys))
-            if key_data.shape[0] != n:
-                raise ValueError(f"row_keys has {key_data.shape[0]} keys for {n} prompts")
-            key_data = np.concatenate([key_data, np.repeat(key_data[:1], pad_rows, axis=0)])
-
         def padded(x, fill):
             return np.concatenate([x, np.full((pad_rows,), fill, x.dtype)])
 
-        temp = _per_row(temperature, n, np.float32, "temperature")
-        stops = self.stop_ids if stop_ids is None else tuple(stop_ids)
-        rows = [tokens, padded(ctx_len, 1), padded(max_new, 0), padded(temp, 0.0),
-                padded(_per_row(top_p, n, np.float32, "top_p"), 1.0),
-                padded(_per_row(top_k, n, np.int32, "top_k"), 0), key_data]
+        rows = [tokens, padded(ctx_len, 1), padded(max_new, 0), padded(h["temperature"], 0.0),
+                padded(h["top_p"], 1.0), padded(h["top_k"], 0), h["key_data"]]
         unique = [unique_tokens, unique_len]
         if self.mesh is not None:
             rows = [hosts.put(x, row_sharding(self.mesh, b, x.ndim)) for x in rows]
             unique = [hosts.put(x, row_sharding(self.mesh, u, x.ndim)) for x in unique]
             source = hosts.put(source, row_sharding(self.mesh, b, 1))
-        args = [*map(jnp.asarray, rows), jnp.asarray(np.array(stops or (-1,), np.int32)),
+        args = [*map(jnp.asarray, rows), jnp.asarray(np.array(h["stops"] or (-1,), np.int32)),
                 *map(jnp.asarray, unique), jnp.asarray(source)]
-        meta = dict(n=n, temperature=temp, prompt_len=np.array([len(p) for p in prompts], np.int32),
-                    prefix_len=np.array([len(x) for x in prefixes], np.int32))
-        return args, meta
+        return args, h
