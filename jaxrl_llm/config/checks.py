@@ -15,6 +15,7 @@ def validate(cfg: Config, source: str) -> None:
             raise ConfigError(f"{source}: {msg}")
 
     need(cfg.rollout.group_size >= 1 and cfg.rollout.prompts_per_step >= 1, "rollout sizes must be >= 1")
+    need(cfg.rollout.decode_slots >= 0, f"rollout.decode_slots must be >= 0 (0: off), got {cfg.rollout.decode_slots}")
     need(cfg.rollout.max_new_tokens >= 1, "rollout.max_new_tokens must be >= 1")
     rw = cfg.reward
     need(rw.workers >= 1, f"reward.workers={rw.workers} must be >= 1 (processes that score responses)")

@@ -144,7 +144,8 @@ def kv_cache_bytes(cfg, model_cfg, mesh, prefill: int | None = None, calls=()) -
     where decode's cache grows through levels (sampling/sampler.py decode_levels) the cache of one level and the
     next are both held while it is copied: the larger of those moments counts.
     `prefill`: the context bucket (default: that of data.max_prompt_len). `calls`: (rows, context length) of
-    explorers' own sampler calls (HeRL's revisions: every row its own context); the largest call counts."""
+    explorers' own sampler calls (HeRL's revisions: every row its own context); the largest call counts. With
+    rollout.decode_slots, a call's cache holds that many rows (a bucket) whatever its rows."""
     import numpy as np
 
     from jaxrl_llm.parallel.rules import DEFAULT_RULES
@@ -161,6 +162,9 @@ def kv_cache_bytes(cfg, model_cfg, mesh, prefill: int | None = None, calls=()) -
     per_slot = 2 * model_cfg.num_layers * kv * model_cfg.head_dim * dtype
 
     def held(rows, contexts, prefill, slots):  # cache slots held at once, at the call's largest moment
+        if cfg.rollout.decode_slots:  # rows pass through the decode slots (sampling/slots.py); regrouping and a
+            rows = min(rows, bucket(cfg.rollout.decode_slots))  # level change hold two caches, as growth does
+            contexts = min(contexts, rows)
         levels = decode_levels(prefill, slots, sampler.decode_level)
         moments = [rows * levels[0] + contexts * prefill] + [rows * (a + b) for a, b in zip(levels, levels[1:])]
         return per_slot * max(moments) // _axis_share(mesh, DEFAULT_RULES["batch"], rows)

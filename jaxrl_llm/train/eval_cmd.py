@@ -133,7 +133,7 @@ def run_eval(cfg: Config, loaded: Loaded, mesh, out: Path, temperatures=None, pa
     model_cfg = policy.model_cfg
     sampler = Sampler(policy.graphdef, pad_id=pad_id(tok), stop_ids=stop_ids(tok, model_cfg.eos_token_ids),
                       max_cache_len=model_cfg.max_position_embeddings, mesh=mesh,
-                      share_prefill=cfg.rollout.shared_prefix)
+                      share_prefill=cfg.rollout.shared_prefix, decode_slots=cfg.rollout.decode_slots)
     dtype = jnp.dtype(cfg.model.compute_dtype)  # as the run samples: in the update's compute dtype
     params = loaded.params if dtype == jnp.float32 else jax.jit(lambda p: cast_floats(p, dtype))(loaded.params)
     rows = rows_per_step(cfg)

@@ -88,3 +88,32 @@ def test_e3_rrl_herl_compose_without_recompiling_and_resume_exactly(tmp_path, rr
     assert not np.allclose(ranks, np.arange(8) / 7), ranks  # re-ranked from rewards, not the data's seed
     jax.tree.map(same, jax.device_get(nnx.to_pure_dict(run.state.params)),
                  jax.device_get(nnx.to_pure_dict(resumed.state.params)))
+
+
+@pytest.mark.xdist_group("rrl_reference")
+def test_decode_slots_train_what_the_one_call_sampler_trains(tmp_path, rrl_reference):
+    """The shared E3 + RRL + HeRL run again with `rollout.decode_slots=8` (sampling/slots.py: every sampler call
+    of the run, the step's rows, RRL's continuations, HeRL's revisions and evaluation, through 8 slots refilled
+    and compacted): every count and sampled length equal, rewards and losses to float rounding (the slots'
+    batches have other shapes), and nothing compiled after the first replay step."""
+    whole, run = rrl_reference
+    want = train_rows(whole.train.out_dir)
+    cfg = rrl_cfg(tmp_path, *RRL_REFERENCE, "rollout.decode_slots=8")
+    slotted = Run(cfg, log=lambda *a: None)
+    slotted.train()
+    got = train_rows(cfg.train.out_dir)
+    assert sorted(got) == sorted(want) == list(range(1, 6))
+    for s in want:
+        for k, v in want[s].items():
+            if any(t in k for t in ("time", "_per_s", "compilations")):
+                continue
+            if isinstance(v, (int, str)) or k.endswith(("_tokens", "_rows", "_kept", "_hist")):
+                assert got[s][k] == v, (s, k, got[s][k], v)
+            else:
+                np.testing.assert_allclose(np.asarray(got[s][k], float), np.asarray(v, float), rtol=1e-4, atol=1e-5,
+                                           err_msg=f"step {s} {k}")
+    counts = compilations(cfg.train.out_dir)
+    assert counts[1:] == [counts[1]] * (len(counts) - 1), counts
+    close = lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-4)  # noqa: E731
+    jax.tree.map(close, jax.device_get(nnx.to_pure_dict(run.state.params)),
+                 jax.device_get(nnx.to_pure_dict(slotted.state.params)))

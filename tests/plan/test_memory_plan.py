@@ -134,6 +134,10 @@ def test_kv_cache_is_the_samplers_cache_by_brute_force():
     last = jax.eval_shape(lambda: (KVCache.zeros(mc_long, rows, prefill + 512), KVCache.zeros(mc_long, rows, slots)))
     held = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(last))
     assert kv_cache_bytes(long, mc_long, mesh) == held // 8
+    # through 16 decode slots (sampling/slots.py): the same moment with 16 rows, whatever the step's 64
+    slotted = load_config(None, BASE + ["mesh.data=8", "rollout.max_new_tokens=1000", "rollout.decode_slots=16"])
+    last = jax.eval_shape(lambda: (KVCache.zeros(mc_long, 16, prefill + 512), KVCache.zeros(mc_long, 16, slots)))
+    assert kv_cache_bytes(slotted, mc_long, mesh) == sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(last)) // 8
 
 
 @pytest.mark.slow
