@@ -6,11 +6,14 @@ figures compare cost alone:
 - whole buffer: one call, every decode step attending over the whole cache (`decode_level=0`, the sampler
   before issue 28);
 - growing cache: one call, the cache growing through levels (`Sampler.decode_level`, default 256);
+- slots (S): the rows through S decode slots (`Sampler.decode_slots`, sampling/slots.py): finished rows leave,
+  waiting rows refill their slots, live rows are compacted into fewer slots when no row waits;
 - length oracle: the rows sorted by length into --oracle-calls calls (whole buffer each), as if lengths were
   known ahead: what rows riding along after they finish, and attention over empty slots, cost;
 - full batch: the same rows all at the median length: the rate a batch of equal rows reaches (the bound).
 
     .venv/bin/python tools/bench_long_sampling.py --model smollm2-135m-instruct --rows 32 --prompt-len 64
+    .venv/bin/python tools/bench_long_sampling.py --rows 64 --slots 16,32   # more rows than slots
 
 Prints one JSON line per variant and a markdown table (seconds are the best of --repeats after a warm-up call).
 """
@@ -35,6 +38,7 @@ def main(argv=None) -> None:
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--oracle-calls", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--slots", default="", help="comma-separated slot counts (default: --rows)")
     args = ap.parse_args(argv)
 
     import jax
@@ -69,7 +73,12 @@ def main(argv=None) -> None:
         return [whole(state, prompts, max_new_tokens=median, temperature=args.temperature, row_keys=row_keys,
                       stop_ids=())]
 
+    slot_samplers = {}
+    for n in [int(x) for x in (args.slots or str(args.rows)).split(",")]:
+        slot_samplers[f"slots ({n})"] = Sampler.for_model(model, pad_id=0, stop_ids=(), decode_level=DECODE_LEVEL,
+                                                          decode_slots=n)[0]
     variants = {"whole buffer": one_call(whole), f"growing cache ({DECODE_LEVEL})": one_call(grow),
+                **{name: one_call(s) for name, s in slot_samplers.items()},
                 f"length oracle ({args.oracle_calls} calls)": oracle, "full batch at the median": full_batch}
     results, outputs = [], {}
     for name, fn in variants.items():
@@ -81,11 +90,14 @@ def main(argv=None) -> None:
             times.append(time.perf_counter() - t0)
         tokens = int(sum(o.num_generated.sum() for o in outputs[name]))
         results.append({"variant": name, "seconds": min(times), "tokens": tokens, "tok_per_s": tokens / min(times)})
+        if name in slot_samplers:  # decode steps x slots computed, against the tokens generated
+            st = slot_samplers[name].slot_stats
+            results[-1].update(slot_steps=st.slot_steps, admits=st.admits, decodes=st.decodes, regroups=st.regroups)
         print(json.dumps(results[-1]), flush=True)
 
     # the same tokens from every variant that samples these lengths (the oracle's rows back in order)
     ref = outputs["whole buffer"][0]
-    for name in list(variants)[1:3]:
+    for name in list(variants)[1:-1]:
         outs = outputs[name]
         if len(outs) > 1:
             got = [None] * args.rows
