@@ -104,8 +104,9 @@ class RolloutSection:
     top_k: int = 0
     # encode each group's context once, in sampling and in the update (false: every row carries its prompt)
     shared_prefix: bool = True
-    # > 0: a sampler call's rows decode through this many slots; finished rows leave and waiting rows take their
-    # place, live rows are compacted as rows finish (sampling/slots.py). 0: all rows in one program until the last ends
+    # > 0: a sampler call's rows decode through this many slots (rounded up to a power of two); finished rows leave
+    # and waiting rows take their place, live rows are compacted as rows finish (sampling/slots.py). 0: all rows in
+    # one program until the last ends
     decode_slots: int = 0
 
 

@@ -13,8 +13,9 @@ through `slots` decode rows (S <= N):
   `decode_levels`) when a live row needs it and shrinking back when the long rows have gone.
 A row's t-th token uses the key fold_in(row_key, t), as in the one-call sampler, so every row samples the tokens
 it would sample there (up to float rounding in batches of another shape; tests/sampling/test_slots.py).
-Programs: one per (slots, cache level) for decode and regrouping, one per (distinct-context bucket, prefill
-bucket, cache level) for admission; counts and calls are in `SlotStats`.
+Programs: one per (slots, cache level) for decode and regrouping, one per (slots, distinct-context bucket, prefill
+bucket, cache level) for admission; the calls and slot-steps of the last call are in `SlotStats`. The slot count is
+a power of two (rounded up).
 """
 
 from __future__ import annotations
