@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxrl_llm.model.transformer import KVCache, Transformer
 from jaxrl_llm.sampling.processors import choose_tokens
@@ -45,6 +46,27 @@ class RowSettings(NamedTuple):
     top_p: jax.Array  # [B] float32
     top_k: jax.Array  # [B] int32
     keys: jax.Array  # [B, ...] raw key data of each row's key
+
+
+def distinct_contexts(contexts, share: bool) -> tuple[list[int], list[tuple[int, ...]]]:
+    """(each row's index into the contexts to prefill, those contexts): every distinct context once, in order of
+    first appearance, or (share False) every row its own."""
+    if not share:
+        return list(range(len(contexts))), list(contexts)
+    index: dict[tuple[int, ...], int] = {}
+    source = [index.setdefault(c, len(index)) for c in contexts]
+    return source, list(index)
+
+
+def prefill_table(contexts, rows: int, prefill_len: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Host inputs of `prefill` for these contexts: tokens [rows, P] and lengths [rows], padding rows (one pad
+    token) after them."""
+    tokens = np.full((rows, prefill_len), pad_id, np.int32)
+    lengths = np.ones((rows,), np.int32)
+    for j, c in enumerate(contexts):
+        tokens[j, :len(c)] = c
+        lengths[j] = len(c)
+    return tokens, lengths
 
 
 def prefill(model: Transformer, tokens_UP, context_len_U):

@@ -38,7 +38,8 @@ from jaxrl_llm.parallel.hosts import tree_to_host
 from jaxrl_llm.parallel.rules import row_sharding
 from jaxrl_llm.sampling.buckets import bucket
 from jaxrl_llm.sampling.decode import (FINISH_LENGTH, FINISH_STOP, RowSettings, RowState, decode_levels,  # noqa: F401
-                                       decode_step, expand_cache, live_end, pad_cache, prefill)
+                                       decode_step, distinct_contexts, expand_cache, live_end, pad_cache, prefill,
+                                       prefill_table)
 from jaxrl_llm.sampling.slots import SlotDecoder
 
 DECODE_LEVEL = 256  # decode's first cache level beyond the prefill (decode_levels); shorter buffers: one level
@@ -259,10 +260,10 @@ class Sampler:
             n = h["n"]
             decoder = SlotDecoder(self.graphdef, slots=self.decode_slots, first_level=self.decode_level,
                                   pad_id=self.pad_id, mesh=self.mesh)
+            settings = RowSettings(h["max_new"], h["temperature"], h["top_p"], h["top_k"], h["key_data"][:n])
             *out, self.slot_stats = decoder(
-                state, h["contexts"], prefill_len=h["prefill"], buffer=h["slots"], max_new=h["max_new"],
-                temperature=h["temperature"], top_p=h["top_p"], top_k=h["top_k"], key_data=h["key_data"][:n],
-                stop_ids=h["stops"], share_prefill=self.share_prefill, min_unique=self.min_unique, min_rows=min_rows)
+                state, h["contexts"], settings, prefill_len=h["prefill"], buffer=h["slots"], stop_ids=h["stops"],
+                share_prefill=self.share_prefill, min_unique=self.min_unique, min_rows=min_rows)
         else:
             args, h = self._inputs(prompts, **kwargs)
             n = h["n"]
@@ -327,20 +328,15 @@ class Sampler:
             tokens[i, :len(c)] = c
         pad_rows = b - n
 
-        # distinct contexts in order of first appearance; padding rows read context 0
-        index: dict[tuple[int, ...], int] = {}
+        # distinct contexts in order of first appearance, padding rows reading context 0; without sharing every
+        # row is its own context (padding rows included, as before sharing existed)
+        source, unique = distinct_contexts(contexts, self.share_prefill)
         if self.share_prefill:
-            source = np.array([index.setdefault(c, len(index)) for c in contexts] + [0] * pad_rows, np.int32)
-            u = b if min_rows else min(bucket(len(index), max(self.min_batch, self.min_unique)), b)
-            unique_tokens = np.full((u, prefill), self.pad_id, np.int32)
-            unique_len = np.ones((u,), np.int32)
-            for c, j in index.items():
-                unique_tokens[j, :len(c)] = c
-                unique_len[j] = len(c)
-        else:  # every row is its own context (padding rows included, as before sharing existed)
+            u = b if min_rows else min(bucket(len(unique), max(self.min_batch, self.min_unique)), b)
+            source = np.array(source + [0] * pad_rows, np.int32)
+        else:
             u, source = b, np.arange(b, dtype=np.int32)
-            unique_tokens = tokens[:, :prefill].copy()
-            unique_len = np.concatenate([ctx_len, np.ones((pad_rows,), np.int32)])
+        unique_tokens, unique_len = prefill_table(unique, u, prefill, self.pad_id)
 
         def padded(x, fill):
             return np.concatenate([x, np.full((pad_rows,), fill, x.dtype)])

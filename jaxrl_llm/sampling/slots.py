@@ -35,8 +35,8 @@ from jaxrl_llm.parallel import hosts
 from jaxrl_llm.parallel.hosts import tree_to_host
 from jaxrl_llm.parallel.rules import row_sharding
 from jaxrl_llm.sampling.buckets import bucket
-from jaxrl_llm.sampling.decode import (FINISH_LENGTH, RowSettings, RowState, decode_levels, decode_step, live_end,
-                                       prefill, resize_cache)
+from jaxrl_llm.sampling.decode import (FINISH_LENGTH, RowSettings, RowState, decode_levels, decode_step,
+                                       distinct_contexts, live_end, prefill, prefill_table, resize_cache)
 
 
 @dataclasses.dataclass
@@ -119,10 +119,9 @@ class SlotDecoder:
                  str(model.embed[...].dtype), tuple(key_shape))
         return _empty_program(shape, self.mesh)()
 
-    def __call__(self, state, contexts: Sequence[tuple[int, ...]], *, prefill_len: int, buffer: int, max_new,
-                 temperature, top_p, top_k, key_data, stop_ids, share_prefill: bool = True, min_unique: int = 1,
-                 min_rows: int = 0):
-        """Decode N rows (contexts and per-row settings as numpy arrays of N) in a buffer of `buffer` slots with
+    def __call__(self, state, contexts: Sequence[tuple[int, ...]], settings: RowSettings, *, prefill_len: int,
+                 buffer: int, stop_ids, share_prefill: bool = True, min_unique: int = 1, min_rows: int = 0):
+        """Decode N rows (contexts, and their settings as host arrays of N rows) in a buffer of `buffer` slots with
         contexts prefilled in `prefill_len`. Returns (tokens [N, L], logp, ent, count [N], reason [N], stats).
         `min_rows`: start with the slots of a call of that many rows (calls of varying size, such as HeRL's
         revisions, then visit the programs the step's call compiled; idle slots are compacted away at once)."""
@@ -139,7 +138,8 @@ class SlotDecoder:
         stops = jnp.asarray(np.array(tuple(stop_ids) or (-1,), np.int32))
         stats = SlotStats()
 
-        rows, settings = self._empty(state, s, buffer, level, key_data.shape[1:])
+        host = settings
+        rows, settings = self._empty(state, s, buffer, level, host.keys.shape[1:])
         slot_row = np.full((s,), -1)  # which row each slot holds (-1: free)
         pos = np.zeros((s,), np.int32)
         waiting = deque(range(n))
@@ -148,8 +148,7 @@ class SlotDecoder:
             if waiting and free.size:  # refill: waiting rows, in order, into the lowest free slots
                 take = [waiting.popleft() for _ in range(min(free.size, len(waiting)))]
                 rows, settings = self._admit(state, rows, settings, free[:len(take)], take, contexts, out_tokens,
-                                             ctx_len, prefill_len, max_new, temperature, top_p, top_k, key_data,
-                                             share_prefill, min_unique, s)
+                                             ctx_len, host, prefill_len, share_prefill, min_unique)
                 slot_row[free[:len(take)]] = take
                 pos[free[:len(take)]] = ctx_len[take]
                 stats.admits += 1
@@ -191,25 +190,18 @@ class SlotDecoder:
                 slot_row[finished] = -1
         return out_tokens, out_logp, out_ent, out_count, out_reason, stats
 
-    def _admit(self, state, rows, settings, slots_free, take, contexts, out_tokens, ctx_len, prefill_len, max_new,
-               temperature, top_p, top_k, key_data, share_prefill, min_unique, s):
-        """Put rows `take` into slots `slots_free` (one admission of up to S rows, padded to S entries)."""
-        a, pad = s, s - len(take)
-        if share_prefill:  # distinct contexts in order of first appearance
-            index: dict[tuple[int, ...], int] = {}
-            source = [index.setdefault(contexts[i], len(index)) for i in take]
-            unique = list(index)
-        else:  # every row its own context
-            source, unique = list(range(len(take))), [contexts[i] for i in take]
-        u = min(bucket(len(unique), max(1, min_unique)), a)
-        unique_tokens = np.full((u, prefill_len), self.pad_id, np.int32)
-        unique_len = np.ones((u,), np.int32)
-        for j, c in enumerate(unique):
-            unique_tokens[j, :len(c)] = c
-            unique_len[j] = len(c)
+    def _admit(self, state, rows, settings, slots_free, take, contexts, out_tokens, ctx_len, host: RowSettings,
+               prefill_len, share_prefill, min_unique):
+        """Put rows `take` into slots `slots_free` (one admission of up to S rows, padded to S entries; `host`: every
+        row's settings)."""
+        s = rows.pos.shape[0]
+        pad = s - len(take)
+        source, unique = distinct_contexts([contexts[i] for i in take], share_prefill)
+        unique_tokens, unique_len = prefill_table(unique, min(bucket(len(unique), max(1, min_unique)), s),
+                                                  prefill_len, self.pad_id)
         idx = np.array(take + [take[0]] * pad)
         slot = np.concatenate([slots_free, np.full((pad,), s)]).astype(np.int32)  # s: past the last slot, dropped
-        new = RowSettings(*[self._put(np.asarray(x)[idx]) for x in (max_new, temperature, top_p, top_k, key_data)])
+        new = RowSettings(*[self._put(np.asarray(x)[idx]) for x in host])
         return admit_program(self.graphdef, state, rows, settings, self._put(slot), self._put(out_tokens[idx]),
                              self._put(ctx_len[idx]), new, self._put(unique_tokens), self._put(unique_len),
                              self._put(np.array(source + [0] * pad, np.int32)))
