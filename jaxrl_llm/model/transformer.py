@@ -25,6 +25,7 @@ from flax import nnx
 
 from jaxrl_llm.model import attention, lora
 from jaxrl_llm.model.config import ModelConfig
+from jaxrl_llm.model.remat import remat
 
 # keys per block of the blockwise attention (model/attention.py) in calls of several tokens over more keys than
 # this: prefill, log-probs and the update; 0: dense attention everywhere. A Transformer attribute like remat
@@ -234,8 +235,12 @@ class Transformer(nnx.Module):
             layer_cache = None if cache is None else (cache.keys[i], cache.values[i])
             layer_prefix = None if prefix is None else (prefix[0].keys[i], prefix[0].values[i], prefix[1])
             if self.remat:  # also with a cache or a prefix: the shared-prefix update trains through them
-                x, kv = nnx.remat(lambda blk, h, c, pre: blk(h, positions_BT, cos_sin, c, pre, block))(
-                    layer, x, layer_cache, layer_prefix)
+                graphdef, state = nnx.split(layer)
+
+                def run(state, h, c, pre, positions, angles, graphdef=graphdef):
+                    return nnx.merge(graphdef, state)(h, positions, angles, c, pre, block)
+
+                x, kv = remat(run)(state, x, layer_cache, layer_prefix, positions_BT, cos_sin)
             else:
                 x, kv = layer(x, positions_BT, cos_sin, layer_cache, layer_prefix, block)
             new_k.append(kv[0])

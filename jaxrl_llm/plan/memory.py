@@ -22,7 +22,7 @@ sampling copy of the parameters when the compute dtype differs, KV cache, logits
 plan's peak is the larger. `check` refuses a config whose peak exceeds the devices' memory with the
 settings that would make it fit: a smaller algo.micro_batch (activations scale with the rows of a
 micro-batch), a larger mesh.fsdp (parameters, optimizer state and gradients divide by it), and
-model.remat on GPU / TPU.
+model.remat.
 
 `memory_plan` is a pure function of the run's shapes (plan/shapes.py), its abstract state, the update
 program's memory analysis and the devices' capacity; the trainer calls it before it allocates the
@@ -260,7 +260,7 @@ def suggestions(p: MemoryPlan, cfg) -> list[str]:
             out.append(f"mesh.fsdp={f} with mesh.data={p.devices // f // tensor} "
                        f"(peak about {format_size(scaled.peak)})")
             break
-    if not p.remat and p.platform != "cpu":
+    if not p.remat:
         out.append("model.remat=true (recomputes each layer's activations in the backward pass)")
     return out
 
