@@ -60,6 +60,7 @@ def validate(cfg: Config, source: str) -> None:
          f"alpha ({lo.alpha}) > 0")
     need(lo.rank == 0 or (lo.targets and set(lo.targets) <= set(LORA_TARGETS)),
          f"model.lora.targets {lo.targets}: expected a non-empty list from {', '.join(LORA_TARGETS)}")
+    need(0 <= lo.dropout < 1, f"model.lora.dropout ({lo.dropout}) must be in [0, 1)")
     need(cfg.model.attention_block >= 0, f"model.attention_block ({cfg.model.attention_block}) must be >= 0 (0: dense)")
     need(cfg.data.source in ("reasoning_gym", "rubric", "hf") or cfg.data.path,
          f"data.source={cfg.data.source} needs data.path")

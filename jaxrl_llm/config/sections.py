@@ -25,6 +25,9 @@ class LoraSection:
     alpha: float = 16.0  # the adapters' term is scaled by alpha / rank (PEFT's lora_alpha)
     # projections that get adapters (Hugging Face names); default: every linear layer of attention and the MLP
     targets: list = dataclasses.field(default_factory=lambda: list(LORA_TARGETS))
+    # dropout on the adapters' input in the training forward only (PEFT's lora_dropout); sampling, evaluation and
+    # the KL reference run without it, so on-policy the update's log-probs differ from the sampler's by its noise
+    dropout: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)

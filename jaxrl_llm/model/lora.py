@@ -41,6 +41,7 @@ TARGETS = {
     "down_proj": ("mlp", "down", ("mlp",), ("embed",)),
 }
 HF_MODULE = {"attn": "self_attn", "mlp": "mlp"}
+_NAME_IDS = {name: i for i, (_, name, _, _) in enumerate(TARGETS.values())}  # our weight name -> dropout stream
 assert tuple(TARGETS) == LORA_TARGETS
 
 
@@ -49,11 +50,13 @@ class LoraSpec:
     rank: int
     alpha: float
     targets: tuple[str, ...]
+    dropout: float = 0.0  # on the adapters' input, in a forward given a dropout key (the update's) only
 
     @classmethod
     def from_config(cls, section) -> "LoraSpec | None":
         """The spec of a config's model.lora section (None when rank is 0: full fine-tuning)."""
-        return cls(section.rank, float(section.alpha), tuple(section.targets)) if section.rank else None
+        return (cls(section.rank, float(section.alpha), tuple(section.targets), float(section.dropout))
+                if section.rank else None)
 
     @property
     def scale(self) -> float:
@@ -66,6 +69,8 @@ class LoraSpec:
                              f"{', '.join(TARGETS)}" + (f" (unknown: {', '.join(unknown)})" if unknown else ""))
         if self.rank < 1 or self.alpha <= 0:
             raise ValueError(f"model.lora: rank ({self.rank}) must be >= 1 and alpha ({self.alpha}) > 0")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"model.lora.dropout ({self.dropout}) must be in [0, 1)")
         return self
 
 
@@ -88,14 +93,23 @@ def add_adapters(model, spec: LoraSpec, seed: int = 0):
             setattr(module, f"{name}_lora_b", nnx.LoRAParam(jnp.zeros(b_shape, jnp.float32),
                                                             logical_axes=("lora", *out_axes)))
             module.lora_scale = spec.scale
+            module.lora_dropout = spec.dropout
     return model
 
 
-def add(module, name: str, x, y):
-    """y (= x W for `module`'s weight `name`) plus the adapter's term when the module has one."""
+def add(module, name: str, x, y, dropout_key=None):
+    """y (= x W for `module`'s weight `name`) plus the adapter's term when the module has one. With a
+    `dropout_key` (raw uint32 key data; the update's forward passes one, nothing else does) and a dropout rate,
+    the adapter sees x with each element zeroed with that probability and the rest scaled by 1 / (1 - rate),
+    PEFT's lora_dropout; the mask differs per projection (the key folded with the weight's name)."""
     a = getattr(module, f"{name}_lora_a", None)
     if a is None:
         return y
+    rate = getattr(module, "lora_dropout", 0.0)
+    if dropout_key is not None and rate > 0:
+        key = jax.random.fold_in(jax.random.wrap_key_data(dropout_key), _NAME_IDS[name])
+        keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+        x = jnp.where(keep, x / (1.0 - rate), jnp.zeros((), x.dtype)).astype(x.dtype)
     a, b = a[...].astype(x.dtype), getattr(module, f"{name}_lora_b")[...].astype(x.dtype)
     xa = jnp.tensordot(x, a, axes=a.ndim - 1)
     return y + (module.lora_scale * jnp.tensordot(xa, b, axes=1)).astype(y.dtype)
@@ -133,7 +147,7 @@ def spec_of(model) -> LoraSpec | None:
     sub, name = TARGETS[targets[0]][:2]
     module = getattr(layer, sub)
     rank = getattr(module, f"{name}_lora_a").shape[-1]
-    return LoraSpec(rank, float(module.lora_scale * rank), targets)
+    return LoraSpec(rank, float(module.lora_scale * rank), targets, float(getattr(module, "lora_dropout", 0.0)))
 
 
 def adapted(model):
@@ -179,7 +193,7 @@ def save_peft_adapter(model, folder: str | Path, base_model: str = "") -> Path:
         tensors[f"{prefix}.lora_B.weight"] = np.ascontiguousarray(b.reshape(spec.rank, -1).T)
     save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": spec.rank, "lora_alpha": spec.alpha,
-              "target_modules": list(spec.targets), "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
+              "target_modules": list(spec.targets), "lora_dropout": spec.dropout, "bias": "none", "fan_in_fan_out": False,
               "init_lora_weights": True, "use_rslora": False, "use_dora": False, "inference_mode": True,
               "modules_to_save": None, "base_model_name_or_path": base_model}
     (folder / "adapter_config.json").write_text(json.dumps(config, indent=2))

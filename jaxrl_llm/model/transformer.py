@@ -129,16 +129,16 @@ class Attention(nnx.Module):
             self.q_norm = RMSNorm(e, cfg.rms_norm_eps, dt)
             self.k_norm = RMSNorm(e, cfg.rms_norm_eps, dt)
 
-    def __call__(self, x_BTD, positions_BT, cos_sin, cache_kv, prefix=None, block: int = 0):
+    def __call__(self, x_BTD, positions_BT, cos_sin, cache_kv, prefix=None, block: int = 0, lora_key=None):
         """Without a cache: causal attention over the given tokens, after the keys and values of an
         optional `prefix` (keys [B, K, E, P], values [B, K, P, E], positions [B, P]; slots to ignore
         carry a position past every query). Returns (y, (keys, values)): the cache's keys and values
         when there is one, else this call's own. `block` > 0: blockwise attention where several tokens
         attend to more keys than that (model/attention.py)."""
         cfg = self.cfg
-        q = lora.add(self, "q", x_BTD, jnp.einsum("btd,dhe->bthe", x_BTD, self.q[...]))
-        k = lora.add(self, "k", x_BTD, jnp.einsum("btd,dke->btke", x_BTD, self.k[...]))
-        v = lora.add(self, "v", x_BTD, jnp.einsum("btd,dke->btke", x_BTD, self.v[...]))
+        q = lora.add(self, "q", x_BTD, jnp.einsum("btd,dhe->bthe", x_BTD, self.q[...]), lora_key)
+        k = lora.add(self, "k", x_BTD, jnp.einsum("btd,dke->btke", x_BTD, self.k[...]), lora_key)
+        v = lora.add(self, "v", x_BTD, jnp.einsum("btd,dke->btke", x_BTD, self.v[...]), lora_key)
         if cfg.attention_bias:
             q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
         if cfg.qk_norm:  # Qwen3: per head, after the projection's bias, before RoPE
@@ -173,7 +173,7 @@ class Attention(nnx.Module):
         else:
             out = attention.dense(q_BKQE, keys, values, qpos_BQ, key_pos_BS, self.window)
         out = out.reshape(b, kh, t, g, e).transpose(0, 2, 1, 3, 4).reshape(b, t, h, e)
-        y = lora.add(self, "o", out, jnp.einsum("bthe,hed->btd", out, self.o[...]))
+        y = lora.add(self, "o", out, jnp.einsum("bthe,hed->btd", out, self.o[...]), lora_key)
         if cfg.out_bias:
             y = y + self.o_bias[...]
         return y, own
@@ -187,10 +187,10 @@ class MLP(nnx.Module):
         self.up = _param(init, rngs.params(), (d, f), dt, ("embed", "mlp"))
         self.down = _param(init, rngs.params(), (f, d), dt, ("mlp", "embed"))
 
-    def __call__(self, x_BTD):
-        gate = lora.add(self, "gate", x_BTD, x_BTD @ self.gate[...])
-        h = jax.nn.silu(gate) * lora.add(self, "up", x_BTD, x_BTD @ self.up[...])
-        return lora.add(self, "down", h, h @ self.down[...])
+    def __call__(self, x_BTD, lora_key=None):
+        gate = lora.add(self, "gate", x_BTD, x_BTD @ self.gate[...], lora_key)
+        h = jax.nn.silu(gate) * lora.add(self, "up", x_BTD, x_BTD @ self.up[...], lora_key)
+        return lora.add(self, "down", h, h @ self.down[...], lora_key)
 
 
 class Block(nnx.Module):
@@ -201,10 +201,10 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dt)
         self.mlp = MLP(cfg, rngs)
 
-    def __call__(self, x_BTD, positions_BT, cos_sin, cache_kv, prefix=None, block: int = 0):
-        a, cache_kv = self.attn(self.attn_norm(x_BTD), positions_BT, cos_sin, cache_kv, prefix, block)
+    def __call__(self, x_BTD, positions_BT, cos_sin, cache_kv, prefix=None, block: int = 0, lora_key=None):
+        a, cache_kv = self.attn(self.attn_norm(x_BTD), positions_BT, cos_sin, cache_kv, prefix, block, lora_key)
         x_BTD = x_BTD + a
-        return x_BTD + self.mlp(self.mlp_norm(x_BTD)), cache_kv
+        return x_BTD + self.mlp(self.mlp_norm(x_BTD), lora_key), cache_kv
 
 
 class Transformer(nnx.Module):
@@ -222,8 +222,11 @@ class Transformer(nnx.Module):
                                   ("embed", "vocab"))
 
     def __call__(self, tokens_BT, positions_BT, cache: KVCache | None = None, *, prefix=None,
-                 return_kv: bool = False):
+                 return_kv: bool = False, lora_key=None):
         """Returns final-normed hidden states [B, T, D] and the updated cache (None without one).
+
+        `lora_key` (raw uint32 key data): the training forward's key for LoRA dropout (model/lora.py add);
+        None everywhere else (sampling, evaluation, the reference), where adapters see their whole input.
 
         Without a cache, `prefix` = (KVCache of P slots, positions [B, P]) is attended to before the
         tokens (the shared-prefix update), and `return_kv` returns this call's keys and values as a
@@ -234,15 +237,16 @@ class Transformer(nnx.Module):
         for i, layer in enumerate(self.layers):
             layer_cache = None if cache is None else (cache.keys[i], cache.values[i])
             layer_prefix = None if prefix is None else (prefix[0].keys[i], prefix[0].values[i], prefix[1])
+            layer_key = None if lora_key is None else jax.random.fold_in(lora_key, i)
             if self.remat:  # also with a cache or a prefix: the shared-prefix update trains through them
                 graphdef, state = nnx.split(layer)
 
-                def run(state, h, c, pre, positions, angles, graphdef=graphdef):
-                    return nnx.merge(graphdef, state)(h, positions, angles, c, pre, block)
+                def run(state, h, c, pre, positions, angles, key, graphdef=graphdef):
+                    return nnx.merge(graphdef, state)(h, positions, angles, c, pre, block, key)
 
-                x, kv = remat(run)(state, x, layer_cache, layer_prefix, positions_BT, cos_sin)
+                x, kv = remat(run)(state, x, layer_cache, layer_prefix, positions_BT, cos_sin, layer_key)
             else:
-                x, kv = layer(x, positions_BT, cos_sin, layer_cache, layer_prefix, block)
+                x, kv = layer(x, positions_BT, cos_sin, layer_cache, layer_prefix, block, layer_key)
             new_k.append(kv[0])
             new_v.append(kv[1])
         keep = cache is not None or return_kv

@@ -34,11 +34,12 @@ def merged_model(graphdef, params, compute_dtype: str) -> Transformer:
     return nnx.merge(graphdef, cast_floats(params, jnp.dtype(compute_dtype)))
 
 
-def rows_logp(model: Transformer, tokens_NL, temperature_N):
-    """Tempered log-prob [N, L-1] of tokens[:, 1:] given the tokens before them."""
+def rows_logp(model: Transformer, tokens_NL, temperature_N, lora_key=None):
+    """Tempered log-prob [N, L-1] of tokens[:, 1:] given the tokens before them. `lora_key`: LoRA dropout's
+    key in a training forward (None: no dropout)."""
     inputs = tokens_NL[:, :-1]
     positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
-    hidden, _ = model(inputs, positions)
+    hidden, _ = model(inputs, positions, lora_key=lora_key)
     return token_logprobs(model.logits(hidden), tokens_NL[:, 1:], temperature_N)
 
 
@@ -65,17 +66,20 @@ def chunked_logp(hidden_RLD, head_DV, targets_RL, temperature_R, chunk: int):
     return out.swapaxes(0, 1).reshape(r, length)
 
 
-def shared_logp(model: Transformer, mb: SharedBatch, *, chunk: int = 32):
+def shared_logp(model: Transformer, mb: SharedBatch, *, chunk: int = 32, lora_key=None):
     """Tempered log-prob [R, Ls] of each row's tokens (position ctx_len + i for token i) given its
     context and the row's tokens before it.
 
     mb: one micro-batch of a SharedBatch: ctx_tokens [G, Lc], ctx_len [G], tokens [R, Ls], row_ctx [R]
-    (index into the contexts), temperature [R]."""
+    (index into the contexts), temperature [R]. `lora_key`: LoRA dropout's key in a training forward (None:
+    no dropout; the contexts and the rows draw their masks from keys folded with 0 and 1)."""
+    ctx_key, row_key = (None, None) if lora_key is None else (jax.random.fold_in(lora_key, 0),
+                                                                jax.random.fold_in(lora_key, 1))
     ctx_tokens, ctx_len, tokens, row_ctx = mb.ctx_tokens, mb.ctx_len, mb.tokens, mb.row_ctx
     g, lc = ctx_tokens.shape
     r, ls = tokens.shape
     slots = jnp.arange(lc)
-    ctx_hidden, ctx_kv = model(ctx_tokens, jnp.broadcast_to(slots, (g, lc)), return_kv=True)
+    ctx_hidden, ctx_kv = model(ctx_tokens, jnp.broadcast_to(slots, (g, lc)), return_kv=True, lora_key=ctx_key)
     row_len = ctx_len[row_ctx]  # [R]
     first_hidden = ctx_hidden[row_ctx, row_len - 1]  # [R, D]: predicts each row's first token
     if ls > 1:
@@ -83,7 +87,7 @@ def shared_logp(model: Transformer, mb: SharedBatch, *, chunk: int = 32):
         prefix_pos = jnp.where(slots[None, :] < row_len[:, None], slots[None, :], jnp.iinfo(jnp.int32).max)
         prefix = (KVCache([k[row_ctx] for k in ctx_kv.keys], [v[row_ctx] for v in ctx_kv.values]), prefix_pos)
         positions = row_len[:, None] + jnp.arange(ls - 1)[None, :]
-        row_hidden, _ = model(tokens[:, :-1], positions, prefix=prefix)
+        row_hidden, _ = model(tokens[:, :-1], positions, prefix=prefix, lora_key=row_key)
         hidden = jnp.concatenate([first_hidden[:, None], row_hidden], axis=1)
     else:
         hidden = first_hidden[:, None]

@@ -38,10 +38,12 @@ def sft_spec(cfg: Config) -> UpdateSpec:
 
 
 def loss_coefs(cfg: Config) -> dict:
-    """The update's traced coefficients (changing one compiles nothing)."""
+    """The update's traced coefficients (changing one compiles nothing). `dropout_key`: LoRA dropout's key (raw
+    uint32 key data), which the trainer sets for each update call; unused without dropout."""
     a = cfg.algo
     return {"eps_low": a.eps_low, "eps_high": a.eps_high, "dual_clip": a.dual_clip, "kl_coef": a.kl_coef,
-            "hindsight_gamma": a.hindsight_gamma, "norm_len": float(cfg.rollout.max_new_tokens)}
+            "hindsight_gamma": a.hindsight_gamma, "norm_len": float(cfg.rollout.max_new_tokens),
+            "dropout_key": np.zeros(2, np.uint32)}
 
 
 def rl_optimizer(cfg: Config):

@@ -16,6 +16,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -84,16 +85,19 @@ def _split_micro(x, m: int):
     return x.reshape(x.shape[0] // m, m, *x.shape[1:]).swapaxes(0, 1)
 
 
-def _logp_mask_old(graphdef, spec: UpdateSpec, params, mb):
-    """(log-prob, loss mask, old log-prob) at the positions of the tokens they score, [rows, length]."""
+def _logp_mask_old(graphdef, spec: UpdateSpec, params, mb, lora_key=None):
+    """(log-prob, loss mask, old log-prob) at the positions of the tokens they score, [rows, length].
+    `lora_key`: LoRA dropout's key (the policy's training forward; the reference's passes none)."""
     model = merged_model(graphdef, params, spec.compute_dtype)
     if spec.layout == "shared":
-        return shared_logp(model, mb, chunk=spec.logit_chunk), mb.loss_mask & mb.valid[:, None], mb.old_logp
-    return rows_logp(model, mb.tokens, mb.temperature), mb.loss_mask[:, 1:] & mb.valid[:, None], mb.old_logp[:, 1:]
+        return (shared_logp(model, mb, chunk=spec.logit_chunk, lora_key=lora_key), mb.loss_mask & mb.valid[:, None],
+                mb.old_logp)
+    return (rows_logp(model, mb.tokens, mb.temperature, lora_key), mb.loss_mask[:, 1:] & mb.valid[:, None],
+            mb.old_logp[:, 1:])
 
 
-def _loss_terms(graphdef, spec: UpdateSpec, params, ref_params, mb, coefs, norms):
-    logp, mask, old = _logp_mask_old(graphdef, spec, params, mb)
+def _loss_terms(graphdef, spec: UpdateSpec, params, ref_params, mb, coefs, norms, lora_key=None):
+    logp, mask, old = _logp_mask_old(graphdef, spec, params, mb, lora_key)
     maskf = mask.astype(jnp.float32)
     if spec.mode == "sft":
         loss_tok = -logp
@@ -140,17 +144,25 @@ def update_fn(graphdef, spec: UpdateSpec, optimizer, params, opt_state, batch, c
     train, base = lora.trainable(params), lora.frozen(params)
     ref = None if ref_params is None else lora.combine(ref_params, base)
     grad_fn = jax.value_and_grad(
-        lambda p, mb: _loss_terms(graphdef, spec, lora.combine(p, base), ref, mb, coefs, norms), has_aux=True)
+        lambda p, mb, key: _loss_terms(graphdef, spec, lora.combine(p, base), ref, mb, coefs, norms, key),
+        has_aux=True)
+    # LoRA dropout's key for this call (coefs["dropout_key"], raw uint32 key data: train/step.py draws one per
+    # update call), folded with the micro-batch's index; unused (and compiled away) without dropout
+    dropout_key = coefs.get("dropout_key")
 
-    def accumulate(carry, mb):
+    def accumulate(carry, xs):
         grads, loss, sums = carry
-        (mb_loss, mb_sums), g = grad_fn(train, mb)
+        mb, index = xs
+        key = None if dropout_key is None else jax.random.fold_in(dropout_key, index)
+        (mb_loss, mb_sums), g = grad_fn(train, mb, key)
         grads = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, g)
         return (grads, loss + mb_loss, jax.tree.map(jnp.add, sums, mb_sums)), None
 
     zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), train)
     zero_sums = {k: jnp.zeros(()) for k in ("clip_low", "clip_high", "dual_clip", "kl", "logp_gap", "nll")}
-    (grads, loss, sums), _ = jax.lax.scan(accumulate, (zeros, jnp.zeros(()), zero_sums), micro)
+    count = jax.tree.leaves(micro)[0].shape[0]
+    (grads, loss, sums), _ = jax.lax.scan(accumulate, (zeros, jnp.zeros(()), zero_sums),
+                                          (micro, jnp.arange(count, dtype=jnp.uint32)))
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     updates, new_opt = optimizer.update(grads, opt_state, train)
@@ -161,6 +173,11 @@ def update_fn(graphdef, spec: UpdateSpec, optimizer, params, opt_state, batch, c
                "lr": current_lr(new_opt), "update_tokens": tokens_total,
                **{k: v / denom for k, v in sums.items()}}
     return lora.combine(keep(new_train, train), base), keep(new_opt, opt_state), metrics
+
+
+def _coef_dtype(value):
+    """A coefficient's dtype in the program: float32, except key data (unsigned integers) kept as it is."""
+    return np.uint32 if np.issubdtype(np.asarray(value).dtype, np.unsignedinteger) else np.float32
 
 
 def optimizer_shardings(optimizer, params, mesh: Mesh):
@@ -238,7 +255,7 @@ def make_update(graphdef, spec: UpdateSpec, optimizer, params, opt_state, mesh: 
             raise TypeError(f"the {spec.layout!r} update takes a {kind.__name__}, got {type(batch).__name__}")
         batch_sh = batch_shardings(mesh, spec, batch)
         batch = hosts.put_tree(batch, batch_sh)
-        coefs = {k: jnp.asarray(v, jnp.float32) for k, v in coefs.items()}
+        coefs = {k: jnp.asarray(v, _coef_dtype(v)) for k, v in coefs.items()}
         ahead = compiled.get(_shape_key(batch))  # compiled ahead of time (`compile`) for this shape
         return (ahead or program(batch_sh))(params, opt_state, batch, coefs, *((ref_params,) if spec.use_kl else ()))
 
@@ -248,7 +265,7 @@ def make_update(graphdef, spec: UpdateSpec, optimizer, params, opt_state, mesh: 
         batch_sh = batch_shardings(mesh, spec, batch)
         spec_of = lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)  # noqa: E731
         abstract = lambda tree, sh: jax.tree.map(spec_of, tree, sh)  # noqa: E731
-        c = {k: jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated) for k in coefs}
+        c = {k: jax.ShapeDtypeStruct(np.shape(v), _coef_dtype(v), sharding=replicated) for k, v in coefs.items()}
         args = (abstract(params, param_sh), abstract(opt_state, opt_sh), abstract(batch, batch_sh), c)
         return program(batch_sh).lower(*args, *((abstract(lora.trainable(params), ref_sh),) if spec.use_kl else ()))
 

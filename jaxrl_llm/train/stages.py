@@ -51,8 +51,9 @@ def sft(run, writer, stop) -> None:
         s = st.sft_step + 1
         rng = np.random.default_rng((st.seed, PHASE_SFT, s))  # step s draws the same rows after a resume
         pairs = [run.sft_items[i] for i in rng.choice(len(run.sft_items), rows, replace=False)]
+        coefs = {**loss_coefs(cfg), "dropout_key": rng.integers(0, 2 ** 32, 2, dtype=np.uint32)}  # LoRA dropout's
         st.params, st.opt_state, m = run.sft_update(
-            st.params, st.opt_state, sft_batch(run.tok, cfg, pairs, run.sampler.pad_id, eos), loss_coefs(cfg))
+            st.params, st.opt_state, sft_batch(run.tok, cfg, pairs, run.sampler.pad_id, eos), coefs)
         st.sft_step = s
         bar.update(1)
         if s % 10 == 0 or s == cfg.sft.steps:

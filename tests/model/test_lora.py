@@ -82,9 +82,12 @@ def test_peft_loads_our_adapter_and_transformers_our_merged_export(tmp_path):
         base_logits = hf(torch.tensor(IDS)).logits.numpy()
     assert np.abs(ours_logits - base_logits).max() > 0.05
 
+    for _, _, module, _ in lora.adapted(ours):
+        module.lora_dropout = 0.1  # PEFT's lora_dropout; eval mode (and our logits) run without it
     lora.save_peft_adapter(ours, tmp_path / "adapter", base_model=str(tmp_path / "base"))
     with_peft = peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tmp_path / "base"),
                                                tmp_path / "adapter").eval()
+    assert with_peft.peft_config["default"].lora_dropout == 0.1
     with torch.no_grad():
         peft_logits = with_peft(torch.tensor(IDS)).logits.numpy()
     np.testing.assert_allclose(peft_logits, ours_logits, atol=1e-4)
@@ -93,3 +96,44 @@ def test_peft_loads_our_adapter_and_transformers_our_merged_export(tmp_path):
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32).eval()
     with torch.no_grad():
         np.testing.assert_allclose(merged(torch.tensor(IDS)).logits.numpy(), ours_logits, atol=1e-4)
+
+
+def test_dropout_zeroes_the_adapters_input_at_its_rate_and_only_given_a_key():
+    """PEFT's lora_dropout on the adapters' input: with identity adapters (A = B = I, scale 1, y = 0) `add` returns
+    the dropped-out input itself, so every element is 0 or x / (1 - p), zeroed at rate p (binomial: within 4.5
+    standard deviations), a fresh mask per projection and per key, the same for the same key; no key: x."""
+    import types
+
+    d, rate = 64, 0.3
+    eye = jnp.eye(d, dtype=jnp.float32)
+    module = types.SimpleNamespace(q_lora_a=eye, q_lora_b=eye, k_lora_a=eye, k_lora_b=eye, lora_scale=1.0,
+                                   lora_dropout=rate)
+    x = jax.random.uniform(jax.random.key(0), (32, 16, d), minval=0.5, maxval=1.5)
+    zero = jnp.zeros_like(x)
+    key = np.asarray(jax.random.key_data(jax.random.key(7)))
+    out = np.asarray(lora.add(module, "q", x, zero, key))
+    kept = out != 0
+    np.testing.assert_allclose(out[kept], np.asarray(x)[kept] / (1 - rate), rtol=1e-6)
+    n = x.size
+    assert abs((~kept).sum() - rate * n) < 4.5 * np.sqrt(n * rate * (1 - rate)), (~kept).mean()
+    np.testing.assert_array_equal(out, np.asarray(lora.add(module, "q", x, zero, key)))  # same key, same mask
+    other_key = np.asarray(jax.random.key_data(jax.random.key(8)))
+    for other in (lora.add(module, "k", x, zero, key), lora.add(module, "q", x, zero, other_key)):
+        same = (np.asarray(other) != 0) == kept
+        assert 0.5 < same.mean() < 0.7, same.mean()  # independent masks agree on p^2 + (1-p)^2 = 0.58
+    np.testing.assert_allclose(np.asarray(lora.add(module, "q", x, zero)), np.asarray(x), rtol=1e-6)
+    module.lora_dropout = 0.0
+    np.testing.assert_allclose(np.asarray(lora.add(module, "q", x, zero, key)), np.asarray(x), rtol=1e-6)
+
+
+def test_a_dropout_rate_changes_nothing_outside_the_training_forward():
+    """Sampling, evaluation and the reference call the model without a key: its logits with adapters of dropout 0.5
+    are those of the same adapters without dropout, bit for bit; the spec and PEFT's config carry the rate."""
+    plain = with_random_adapters(init_model(TINY, seed=0))
+    dropped = with_random_adapters(init_model(TINY, seed=0))
+    for _, _, module, _ in lora.adapted(dropped):
+        module.lora_dropout = 0.5
+    np.testing.assert_array_equal(np.asarray(_logits(plain)), np.asarray(_logits(dropped)))
+    assert lora.spec_of(dropped).dropout == 0.5 and lora.spec_of(plain).dropout == 0.0
+    with pytest.raises(ValueError, match="dropout"):
+        lora.LoraSpec(2, 4.0, ("q_proj",), dropout=1.0).check()

@@ -3,6 +3,8 @@ weight gradient (dL/dA = s dL/dW B^T, dL/dB = s A^T dL/dW, s = alpha / rank); th
 the optimizer state is the adapters' alone; the same update on an 8-device mesh equals one device. The sampler's
 log-probs of base + adapters against the update's: tests/rl/test_rl_core.py."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -110,3 +112,46 @@ def test_adapter_update_on_eight_devices_equals_one():
     got, metrics = _step(adapted_model(), {"data": 2, "fsdp": 2, "tensor": 2}, None)
     assert float(metrics["loss"]) == pytest.approx(float(ref_metrics["loss"]), rel=1e-5)
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6), jax.tree.leaves(ref), jax.tree.leaves(got))
+
+
+
+def _dropout_step(rate, key, batch):
+    """One SGD update of the adapted model with LoRA dropout `rate` and coefs' dropout key `key` (None: none):
+    (the adapters after it, its metrics)."""
+    model = adapted_model()
+    for _, _, module, _ in lora.adapted(model):
+        module.lora_dropout = rate
+    mesh = make_mesh({"data": 1}, devices=jax.devices()[:1])
+    graphdef, state = nnx.split(model)
+    params = shard_state(jax.tree.map(jnp.copy, state), mesh)
+    opt = SGD(learning_rate=LR)
+    update = make_update(graphdef, UpdateSpec(micro_batches=2), opt, params, init_optimizer(opt, params, mesh), mesh)
+    coefs = COEFS if key is None else {**COEFS, "dropout_key": np.asarray(jax.random.key_data(jax.random.key(key)))}
+    params, _, metrics = update(params, init_optimizer(opt, params, mesh), batch, coefs)
+    return [np.asarray(x) for x in jax.tree.leaves(jax.device_get(lora.trainable(params)))], jax.device_get(metrics)
+
+
+def test_dropout_is_keyed_by_the_call_and_absent_at_rate_zero():
+    """Rate 0 with a key is the update without one, bit for bit; at rate 0.5 the adapters' update depends on the
+    call's key (the same key twice: the same numbers). The batch's old log-probs are the undropped model's own
+    (on-policy), so the log-prob gap the update reports is dropout's alone: 0 without it, not at rate 0.5."""
+    from jaxrl_llm.rl.forward import rows_logp
+
+    graphdef, state = nnx.split(adapted_model())
+    batch = _batch()
+    own = jax.jit(lambda s: rows_logp(nnx.merge(graphdef, s), batch.tokens, batch.temperature))(state)
+    old = np.concatenate([np.zeros((batch.tokens.shape[0], 1), np.float32), np.asarray(own)], axis=1)
+    batch = dataclasses.replace(batch, old_logp=np.where(batch.loss_mask, old, 0).astype(np.float32))
+    plain, plain_m = _dropout_step(0.0, None, batch)
+    zero, _ = _dropout_step(0.0, 5, batch)
+    for x, y in zip(plain, zero):
+        np.testing.assert_array_equal(x, y)
+    assert float(plain_m["logp_gap"]) < 1e-6
+    a, a_m = _dropout_step(0.5, 5, batch)
+    again, _ = _dropout_step(0.5, 5, batch)
+    b, _ = _dropout_step(0.5, 6, batch)
+    for x, y in zip(a, again):
+        np.testing.assert_array_equal(x, y)
+    assert max(np.abs(x - y).max() for x, y in zip(a, b)) > 1e-4  # another key, another mask
+    assert max(np.abs(x - y).max() for x, y in zip(a, plain)) > 1e-4
+    assert float(a_m["logp_gap"]) > 1e-3, a_m["logp_gap"]

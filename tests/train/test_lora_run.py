@@ -24,7 +24,7 @@ from jaxrl_llm.train.restore import load_checkpoint
 
 pytestmark = pytest.mark.slow
 # E3's target anneals toward train.steps: off, so that a run stopped by train.steps=2 plans steps 1-2 as the longer one
-LORA = ("model.lora.rank=4", "model.lora.alpha=8", "sft.lr=0.05", "algo.kl_coef=0.05", "optim.lr=0.05",
+LORA = ("model.lora.rank=4", "model.lora.alpha=8", "model.lora.dropout=0.1", "sft.lr=0.05", "algo.kl_coef=0.05", "optim.lr=0.05",
         "train.checkpoint_every=2", "explore.e3.anneal=false")
 STEPS = 4
 
