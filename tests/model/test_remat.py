@@ -12,8 +12,8 @@ from jaxrl_llm.model.remat import remat
 from jaxrl_llm.model.transformer import init_model
 
 
-def _temp_bytes(fn, *args) -> int:
-    return jax.jit(fn).lower(*args).compile().memory_analysis().temp_size_in_bytes
+def _compiled(fn, *args):
+    return jax.jit(fn).lower(*args).compile()
 
 
 def test_remat_gives_the_plain_gradients_and_stores_only_the_layers_inputs():
@@ -33,11 +33,12 @@ def test_remat_gives_the_plain_gradients_and_stores_only_the_layers_inputs():
 
     grad = {name: jax.grad(lambda ws, h, step=step: loss(ws, h, step), argnums=(0, 1))
             for name, step in (("plain", layer), ("remat", remat(layer)), ("checkpoint", jax.checkpoint(layer)))}
-    plain, ours = jax.jit(grad["plain"])(ws, x), jax.jit(grad["remat"])(ws, x)
+    compiled = {name: _compiled(g, ws, x) for name, g in grad.items()}
+    plain, ours = compiled["plain"](ws, x), compiled["remat"](ws, x)
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), plain, ours)
     # stored per layer without remat: the [n, f] gate, up and their product (about 3 x 512 KiB); with it, the
     # [n, d] input (128 KiB) and one layer's recomputation at a time
-    temp = {name: _temp_bytes(g, ws, x) for name, g in grad.items()}
+    temp = {name: c.memory_analysis().temp_size_in_bytes for name, c in compiled.items()}
     assert temp["remat"] < 0.3 * temp["plain"], temp
     assert temp["remat"] < temp["checkpoint"], temp  # what jax.checkpoint leaves to the backend's passes
 
@@ -60,7 +61,8 @@ def test_model_remat_changes_no_gradient_and_shrinks_the_backward_pass():
             return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], -1))
         return jax.grad(f)
 
-    plain, ours = jax.jit(loss(graphdef))(state), jax.jit(loss(remat_graphdef))(state)
+    plain, ours = _compiled(loss(graphdef), state), _compiled(loss(remat_graphdef), state)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-7),
-                 plain, ours)
-    assert _temp_bytes(loss(remat_graphdef), state) < 0.6 * _temp_bytes(loss(graphdef), state)
+                 plain(state), ours(state))
+    temp = [c.memory_analysis().temp_size_in_bytes for c in (plain, ours)]
+    assert temp[1] < 0.6 * temp[0], temp
