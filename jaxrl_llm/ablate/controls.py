@@ -177,6 +177,25 @@ def herl_slower(run: RunData, runs) -> dict:
             "holds": end - start < theirs}
 
 
+def all_three(run: RunData, runs) -> dict:
+    """E3 + RRL + HeRL together: HeRL's prediction (herl_hidden against GRPO's seeds); continuations succeed at
+    least as often as fresh rollouts of the same prompts; the entropy of the last 4 steps within 10 % of E3's
+    target; held-out sampled reward at least HeRL alone's (mean over its seeds) minus 0.05."""
+    herl = herl_hidden(run, runs)
+    replay = _replay_figures(run)
+    ents, targets = _series(run, "entropy")[-4:], _series(run, "e3_target_entropy")[-4:]
+    entropy_gap = statistics.fmean(abs(h / t - 1) for h, t in zip(ents, targets)) if targets else float("nan")
+    herl_alone = _arm_mean(runs, "herl", lambda r: _final_eval(r, "sampled_reward_mean"))
+    reward = herl["held-out sampled reward"]
+    holds = (herl["revision success, steps 1-4"] >= 0.3 and herl["hidden rate last 4"] >= herl["GRPO's last 4"] + 0.1
+             and replay["continuation success"] >= replay["fresh success, same prompts"] and entropy_gap <= 0.1
+             and reward >= herl_alone - 0.05)
+    return {**{k: v for k, v in herl.items() if k != "holds"}, "HeRL alone's": herl_alone,
+            "continuation success": replay["continuation success"],
+            "fresh success, same prompts": replay["fresh success, same prompts"],
+            "entropy gap to target, last 4": entropy_gap, "holds": holds}
+
+
 CHECKS = {  # spec file stem -> arm -> check
     "e3_temperature_control": {"closed_loop": closed_loop, "closed_loop_100": closed_loop,
                                "grpo_collapse": collapse_grpo,
@@ -187,6 +206,8 @@ CHECKS = {  # spec file stem -> arm -> check
     "herl_control": {"herl": herl_hidden, "grpo": hidden_flat, "herl_revise_prompt": hidden_flat,
                      "herl_low_weight": herl_slower},
     "rrl_control": {"rrl": rrl, "rrl_reference": rrl, "rrl_value": rrl_value},
+    "all_three_control": {"all_three": all_three, "e3": hidden_flat, "rrl": hidden_flat, "grpo": hidden_flat,
+                          "herl": herl_hidden},
 }
 
 

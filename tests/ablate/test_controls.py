@@ -118,3 +118,32 @@ def test_ablate_check_reports_finished_runs_per_arm_and_lists_the_rest(tmp_path,
     with pytest.raises(SystemExit) as stop:
         runpy.run_path(str(ROOT / "tools" / "controls.py"), run_name="__main__")
     assert stop.value.code == 2 and "other.yaml: no mechanism checks defined" in capsys.readouterr().err
+
+
+def _hidden_rows(rates, success=0.5, entropy=1.0, target=1.0, cont=0.4, fresh=0.2):
+    return [{"rubric_item_met": [1.0, r], "herl_revision_success": success, "entropy": entropy,
+             "e3_target_entropy": target, "rrl_continuation_success": cont, "rrl_fresh_success_same_prompts": fresh,
+             "rrl_replay_rows": 8} for r in rates]
+
+
+def test_herl_and_all_three_checks_hold_and_fail_by_hand():
+    """The hidden item's rate (last 4 steps) against GRPO's, revision success over steps 1-4, and for all three
+    together also continuations against fresh rollouts, the entropy gap to E3's target and HeRL alone's reward."""
+    grpo = _run("grpo", _hidden_rows([0.0] * 8), [(8, {"sampled_reward_mean": 0.5})])
+    herl = _run("herl", _hidden_rows([0.0, 0.1, 0.2, 0.3, 0.5, 0.5, 0.6, 0.6]), [(8, {"sampled_reward_mean": 0.7})])
+    got = controls.herl_hidden(herl, [grpo, herl])
+    assert got["hidden rate last 4"] == pytest.approx(0.55) and got["GRPO's last 4"] == 0.0 and got["holds"]
+    assert controls.hidden_flat(grpo, [])["holds"] and not controls.hidden_flat(herl, [])["holds"]
+    assert not controls.herl_hidden(_run("herl", _hidden_rows([0.6] * 8, success=0.2),
+                                         [(8, {"sampled_reward_mean": 0.7})]), [grpo])["holds"]  # calibration
+
+    def three(reward=0.68, **kw):
+        return _run("all_three", _hidden_rows([0.0, 0.1, 0.3, 0.4, 0.5, 0.5, 0.6, 0.6], **kw),
+                    [(8, {"sampled_reward_mean": reward})])
+
+    runs = [grpo, herl]
+    got = controls.all_three(three(entropy=1.05), runs)
+    assert got["entropy gap to target, last 4"] == pytest.approx(0.05) and got["HeRL alone's"] == 0.7 and got["holds"]
+    assert not controls.all_three(three(entropy=1.2), runs)["holds"]  # E3 lost its target
+    assert not controls.all_three(three(cont=0.1), runs)["holds"]  # continuations below fresh rollouts
+    assert not controls.all_three(three(reward=0.6), runs)["holds"]  # worse than HeRL alone
