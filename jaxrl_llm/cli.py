@@ -98,6 +98,8 @@ def _cmd_bench(args) -> int:
         from jaxrl_llm.bench.sampler_bench import main as bench_main
     elif args.what == "step":
         from jaxrl_llm.bench.step_bench import main as bench_main
+    elif args.what == "decode":
+        from jaxrl_llm.bench.decode_profile import main as bench_main
     elif args.what == "replay":
         from jaxrl_llm.bench.replay_bench import main as bench_main
     else:
@@ -149,9 +151,9 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="parameter dtype")
     p.set_defaults(fn=_cmd_sample)
 
-    p = sub.add_parser("bench", help="benchmarks: `bench sampler|step|memory|replay --help`")
-    p.add_argument("what", choices=("sampler", "step", "memory", "replay"),
-                   help="sampler: ours vs transformers generate; step: a training step's phases with the shared "
+    p = sub.add_parser("bench", help="benchmarks: `bench sampler|decode|step|memory|replay --help`")
+    p.add_argument("what", choices=("sampler", "decode", "step", "memory", "replay"),
+                   help="sampler: ours vs transformers generate; decode: one decode step's time by part; step: a training step's phases with the shared "
                         "prefix on and off; memory: XLA's memory analysis of the update")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own options")
     p.set_defaults(fn=_cmd_bench)

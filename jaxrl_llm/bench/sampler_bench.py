@@ -31,7 +31,7 @@ def _best_of(fn, repeats: int) -> float:
     return min(times)
 
 
-def _torch_model(name: str, workdir: Path):
+def _torch_model(name: str, workdir: Path, dtype: str = "float32"):
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
@@ -45,21 +45,22 @@ def _torch_model(name: str, workdir: Path):
 
         folder = resolve(name)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, local_files_only=True)
-    return model.eval(), folder
+    return model.to(getattr(torch, dtype)).eval(), folder
 
 
-def bench_one(name: str, batch: int, prompt_len: int, new: int, repeats: int, workdir: Path) -> dict:
+def bench_one(name: str, batch: int, prompt_len: int, new: int, repeats: int, workdir: Path,
+              dtype: str = "float32") -> dict:
     import jax
     import torch
 
     from jaxrl_llm.model.hf_io import load_hf_folder
     from jaxrl_llm.sampling.sampler import Sampler
 
-    hf_model, folder = _torch_model(name, workdir)
+    hf_model, folder = _torch_model(name, workdir, dtype)
     vocab = hf_model.config.vocab_size
     prompts = np.random.RandomState(0).randint(3, vocab, size=(batch, prompt_len))
 
-    ours, _ = load_hf_folder(folder, param_dtype="float32")
+    ours, _ = load_hf_folder(folder, param_dtype=dtype)  # as a run samples: weights in the compute dtype
     sampler, state = Sampler.for_model(ours, pad_id=0, stop_ids=())
 
     def run_ours():
@@ -92,17 +93,19 @@ def main(argv=None) -> int:
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                        help="weights and compute on both sides (bfloat16: model.compute_dtype=bfloat16's sampling)")
     args = parser.parse_args(argv)
     import torch
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
-            rows.append(bench_one(name, args.batch, args.prompt_len, args.new, args.repeats, Path(tmp)))
+            rows.append(bench_one(name, args.batch, args.prompt_len, args.new, args.repeats, Path(tmp), args.dtype))
             print(f"done: {rows[-1]}", flush=True)
     cmd = (f"jaxrl-llm bench sampler --models {args.models} --batch {args.batch} --prompt-len {args.prompt_len} "
-           f"--new {args.new} --repeats {args.repeats}")
-    print(f"\nbatch {args.batch}, prompt {args.prompt_len}, {args.new} new tokens, greedy, float32; "
+           f"--new {args.new} --repeats {args.repeats} --dtype {args.dtype}")
+    print(f"\nbatch {args.batch}, prompt {args.prompt_len}, {args.new} new tokens, greedy, {args.dtype}; "
           f"{platform.processor() or platform.machine()}, torch threads {torch.get_num_threads()}")
     print("| model | jaxrl-llm new tok/s | transformers generate new tok/s | ratio | greedy tokens equal |")
     print("|---|---|---|---|---|")

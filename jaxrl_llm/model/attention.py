@@ -34,10 +34,13 @@ def allowed(qpos_BQ, kpos_BS, window: int | None):
 
 
 def dense(q_BKQE, keys_BKES, values_BKSE, qpos_BQ, kpos_BS, window: int | None):
-    """The reference: softmax over every key at once; output in the values' dtype."""
+    """The reference: softmax over every key at once. Probabilities are rounded to the queries' dtype (the
+    compute dtype) and the output is in it, whatever the cache's dtype (a float32 cache on CPU holds the same
+    bf16-rounded keys and values: sampling/decode.py cache_dtype)."""
     scores, _ = _scores(q_BKQE, keys_BKES, qpos_BQ, kpos_BS, window)
-    probs = jax.nn.softmax(scores, axis=-1).astype(values_BKSE.dtype)
-    return jnp.einsum("bkqs,bkse->bkqe", probs, values_BKSE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(q_BKQE.dtype)
+    out = jnp.einsum("bkqs,bkse->bkqe", probs, values_BKSE, preferred_element_type=jnp.float32)
+    return out.astype(q_BKQE.dtype)
 
 
 def blockwise(q_BKQE, keys_BKES, values_BKSE, qpos_BQ, kpos_BS, window: int | None, block: int):
@@ -85,7 +88,7 @@ def _forward(q, keys, values, qpos, kpos, window, block):
         p = jnp.where(ok, jnp.exp(s - m_new[..., None]), 0.0)
         corr = jnp.exp(m - m_new)
         l = l * corr + p.sum(-1)
-        acc = acc * corr[..., None] + jnp.einsum("bkqc,bkce->bkqe", p.astype(vb.dtype), vb,
+        acc = acc * corr[..., None] + jnp.einsum("bkqc,bkce->bkqe", p.astype(q.dtype), vb,
                                                  preferred_element_type=jnp.float32)
         return (m_new, l, acc), None
 
@@ -93,7 +96,7 @@ def _forward(q, keys, values, qpos, kpos, window, block):
             jnp.zeros((b, k, nq, e), jnp.float32))
     (m, l, acc), _ = jax.lax.scan(step, init, _blocks(keys, values, kpos, block))
     seen = l > 0
-    out = jnp.where(seen[..., None], acc / jnp.where(seen, l, 1.0)[..., None], 0.0).astype(values.dtype)
+    out = jnp.where(seen[..., None], acc / jnp.where(seen, l, 1.0)[..., None], 0.0).astype(q.dtype)
     lse = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), jnp.inf)  # exp(s - inf) = 0: no key, no gradient
     return out, lse
 

@@ -55,6 +55,17 @@ class KVCache:
         return self.values[0].shape[2]
 
 
+def dot(eq: str | None, x, w):
+    """einsum (x @ w when `eq` is None) with float32 accumulation, the result in x's dtype: the numbers of a plain
+    einsum (bf16 dots accumulate in float32 and round once), but XLA:CPU runs bf16 operands natively (oneDNN /
+    YNNPACK) only when the dot asks for a float32 result; a bf16 result makes it convert both operands, every
+    weight at every decode step, to float32 first (`jaxrl-llm bench decode`). The same program as before in
+    float32."""
+    if eq is None:  # x @ w
+        return jnp.matmul(x, w, preferred_element_type=jnp.float32).astype(x.dtype)
+    return jnp.einsum(eq, x, w, preferred_element_type=jnp.float32).astype(x.dtype)
+
+
 def _param(init, key, shape, dtype, axes):
     return nnx.Param(init(key, shape, dtype), logical_axes=axes)
 
@@ -136,9 +147,9 @@ class Attention(nnx.Module):
         when there is one, else this call's own. `block` > 0: blockwise attention where several tokens
         attend to more keys than that (model/attention.py)."""
         cfg = self.cfg
-        q = lora.add(self, "q", x_BTD, jnp.einsum("btd,dhe->bthe", x_BTD, self.q[...]), lora_key)
-        k = lora.add(self, "k", x_BTD, jnp.einsum("btd,dke->btke", x_BTD, self.k[...]), lora_key)
-        v = lora.add(self, "v", x_BTD, jnp.einsum("btd,dke->btke", x_BTD, self.v[...]), lora_key)
+        q = lora.add(self, "q", x_BTD, dot("btd,dhe->bthe", x_BTD, self.q[...]), lora_key)
+        k = lora.add(self, "k", x_BTD, dot("btd,dke->btke", x_BTD, self.k[...]), lora_key)
+        v = lora.add(self, "v", x_BTD, dot("btd,dke->btke", x_BTD, self.v[...]), lora_key)
         if cfg.attention_bias:
             q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
         if cfg.qk_norm:  # Qwen3: per head, after the projection's bias, before RoPE
@@ -173,7 +184,14 @@ class Attention(nnx.Module):
         else:
             out = attention.dense(q_BKQE, keys, values, qpos_BQ, key_pos_BS, self.window)
         out = out.reshape(b, kh, t, g, e).transpose(0, 2, 1, 3, 4).reshape(b, t, h, e)
-        y = lora.add(self, "o", out, jnp.einsum("bthe,hed->btd", out, self.o[...]), lora_key)
+        o_w = self.o[...]
+        if o_w.dtype == jnp.float32:
+            y = dot("bthe,hed->btd", out, o_w)
+        else:  # heads and head dim flattened (a bitcast of [H, E, D]): with two contracting dims XLA:CPU copies
+            # the transposed weight at every call, and converts a bf16 one to float32 (float32 keeps its own
+            # summation order: the GRPO reference test holds its last bits)
+            y = dot("btf,fd->btd", out.reshape(b, t, h * e), o_w.reshape(h * e, o_w.shape[-1]))
+        y = lora.add(self, "o", out, y, lora_key)
         if cfg.out_bias:
             y = y + self.o_bias[...]
         return y, own
@@ -188,9 +206,9 @@ class MLP(nnx.Module):
         self.down = _param(init, rngs.params(), (f, d), dt, ("mlp", "embed"))
 
     def __call__(self, x_BTD, lora_key=None):
-        gate = lora.add(self, "gate", x_BTD, x_BTD @ self.gate[...], lora_key)
-        h = jax.nn.silu(gate) * lora.add(self, "up", x_BTD, x_BTD @ self.up[...], lora_key)
-        return lora.add(self, "down", h, h @ self.down[...], lora_key)
+        gate = lora.add(self, "gate", x_BTD, dot(None, x_BTD, self.gate[...]), lora_key)
+        h = jax.nn.silu(gate) * lora.add(self, "up", x_BTD, dot(None, x_BTD, self.up[...]), lora_key)
+        return lora.add(self, "down", h, dot(None, h, self.down[...]), lora_key)
 
 
 class Block(nnx.Module):
@@ -257,7 +275,11 @@ class Transformer(nnx.Module):
         return self.embed[...].T if self.cfg.tie_embeddings else self.lm_head[...]
 
     def logits(self, hidden_XD):
-        """Float32 logits over the vocabulary for hidden states of any leading shape."""
+        """Float32 logits over the vocabulary for hidden states of any leading shape. Tied bf16 embeddings are
+        contracted as they lie ([V, D], no transpose): XLA:CPU converts a transposed bf16 operand to float32
+        (the whole embedding, at every decode step) but runs this form natively."""
+        if self.cfg.tie_embeddings and self.embed[...].dtype != jnp.float32:
+            return jnp.einsum("...d,vd->...v", hidden_XD, self.embed[...], preferred_element_type=jnp.float32)
         return jnp.matmul(hidden_XD, self.head(), preferred_element_type=jnp.float32)
 
 

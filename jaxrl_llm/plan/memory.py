@@ -157,7 +157,9 @@ def kv_cache_bytes(cfg, model_cfg, mesh, prefill: int | None = None, calls=()) -
     max_new = min(cfg.rollout.max_new_tokens, sampler.max_cache_len - 1)  # the sampler's per-row clamp
     rows, prefill, slots = sampler.shapes(rows_per_step(cfg), prefill or cfg.data.max_prompt_len, max_new)
     contexts = bucket(cfg.rollout.prompts_per_step) if cfg.rollout.shared_prefix else rows
-    dtype = np.dtype(cfg.model.compute_dtype).itemsize  # sampling runs in the compute dtype
+    # sampling runs in the compute dtype; on CPU the sampler keeps a float32 cache of the same bf16 numbers
+    # (sampling/decode.py cache_dtype), twice this for a bf16 config: plans made on CPU are for accelerators
+    dtype = np.dtype(cfg.model.compute_dtype).itemsize
     kv = model_cfg.num_kv_heads // _axis_share(mesh, DEFAULT_RULES["kv_heads"], model_cfg.num_kv_heads)
     per_slot = 2 * model_cfg.num_layers * kv * model_cfg.head_dim * dtype
 

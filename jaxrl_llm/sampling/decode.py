@@ -48,6 +48,16 @@ class RowSettings(NamedTuple):
     keys: jax.Array  # [B, ...] raw key data of each row's key
 
 
+def cache_dtype(dtype, platform: str | None = None):
+    """The KV cache's dtype for weights of `dtype` on `platform` (default: jax's default backend): theirs, but
+    float32 on CPU. XLA:CPU has no native bf16 batched dot or scatter: a bf16 cache is converted to float32 at
+    every layer of every decode step. A float32 cache holds the same bf16-rounded keys and values (the model
+    rounds them before they are written, and rounds attention's probabilities to the compute dtype), so the
+    sampler computes the trainer's numbers either way; it costs twice the cache memory, which a CPU has."""
+    platform = platform or jax.default_backend()
+    return jnp.dtype(jnp.float32) if platform == "cpu" else jnp.dtype(dtype)
+
+
 def distinct_contexts(contexts, share: bool) -> tuple[list[int], list[tuple[int, ...]]]:
     """(each row's index into the contexts to prefill, those contexts): every distinct context once, in order of
     first appearance, or (share False) every row its own."""
@@ -73,9 +83,9 @@ def prefill(model: Transformer, tokens_UP, context_len_U):
     """Encode U contexts of (bucketed) length P. Returns their cache [U, ..., P] (slots = positions
     0..P-1) and float32 logits [U, V] at each context's last position."""
     n, length = tokens_UP.shape
-    # the cache takes the weights' dtype (bf16 weights cast for sampling in the compute dtype give a bf16
-    # cache), so keys and values are rounded as the trainer's forward rounds them
-    cache = KVCache.zeros(model.cfg, n, length, dtype=model.embed[...].dtype)
+    # keys and values are rounded to the weights' dtype (bf16 weights cast for sampling in the compute dtype give
+    # bf16 keys) as the trainer's forward rounds them, and kept in the cache_dtype
+    cache = KVCache.zeros(model.cfg, n, length, dtype=cache_dtype(model.embed[...].dtype))
     positions = jnp.broadcast_to(jnp.arange(length), (n, length))
     hidden, cache = model(tokens_UP, positions, cache)
     return cache, model.logits(hidden[jnp.arange(n), context_len_U - 1])

@@ -35,7 +35,7 @@ from jaxrl_llm.parallel import hosts
 from jaxrl_llm.parallel.hosts import tree_to_host
 from jaxrl_llm.parallel.rules import row_sharding
 from jaxrl_llm.sampling.buckets import bucket
-from jaxrl_llm.sampling.decode import (FINISH_LENGTH, RowSettings, RowState, decode_levels, decode_step,
+from jaxrl_llm.sampling.decode import (FINISH_LENGTH, RowSettings, RowState, cache_dtype, decode_levels, decode_step,
                                        distinct_contexts, live_end, prefill, prefill_table, resize_cache)
 
 
@@ -116,7 +116,7 @@ class SlotDecoder:
         model = nnx.merge(self.graphdef, state)
         cfg = model.cfg
         shape = (s, buffer, level, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.vocab_size,
-                 str(model.embed[...].dtype), tuple(key_shape))
+                 str(cache_dtype(model.embed[...].dtype)), tuple(key_shape))
         return _empty_program(shape, self.mesh)()
 
     def __call__(self, state, contexts: Sequence[tuple[int, ...]], settings: RowSettings, *, prefill_len: int,
