@@ -19,6 +19,8 @@ import time
 
 import numpy as np
 
+from jaxrl_llm.utils.cpu import cpu_flags
+
 
 def _time(fn, args, iters: int, repeats: int, carry: int | None = None) -> float:
     """Seconds per call: best over `repeats` runs of `iters` calls (compiled and warmed first). `carry`: the
@@ -43,16 +45,6 @@ def _time(fn, args, iters: int, repeats: int, carry: int | None = None) -> float
         jax.block_until_ready(out)
         best = min(best, (time.perf_counter() - t0) / iters)
     return best
-
-
-def cpu_flags() -> str:
-    """The CPU's bf16-relevant instruction sets as /proc/cpuinfo names them ('' where unknown)."""
-    try:
-        text = open("/proc/cpuinfo").read()
-    except OSError:
-        return ""
-    flags = set(next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), []))
-    return " ".join(f for f in ("avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if f in flags)
 
 
 def profile(model, rows: int, slots: int, dtype: str, iters: int, repeats: int) -> list[dict]:
@@ -180,7 +172,7 @@ def main(argv=None) -> int:
 
     model, _ = load_hf_folder(resolve(args.model), param_dtype="float32")
     print(f"{args.model}, {args.rows} rows, one token each; {platform.processor() or platform.machine()} "
-          f"({cpu_flags() or 'no bf16 instruction flags'}), {jax.devices()[0].platform}, jax {jax.__version__}")
+          f"({' '.join(sorted(cpu_flags() & {'avx512f', 'avx512_bf16', 'amx_bf16', 'amx_tile'})) or 'no bf16 flags'}), {jax.devices()[0].platform}, jax {jax.__version__}")
     for slots in (int(s) for s in args.slots.split(",")):
         results = {dt: profile(model, args.rows, slots, dt, args.iters, args.repeats) for dt in args.dtypes.split(",")}
         dts = list(results)

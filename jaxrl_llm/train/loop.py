@@ -34,6 +34,7 @@ from jaxrl_llm.train.state import TrainState, phase_key
 from jaxrl_llm.train.step import PolicyLogprobs
 from jaxrl_llm.train.stop import StopFlag, maintenance_url
 from jaxrl_llm.train.tracking import Tracker
+from jaxrl_llm.utils.cpu import bf16_advice, cpu_flags
 
 
 class Run:
@@ -75,6 +76,9 @@ class Run:
         self.logprobs = PolicyLogprobs(self.policy.graphdef, cfg.model.compute_dtype, self.mesh,
                                        self.shapes.logprob_width)
         self.sample_dtype = jnp.dtype(cfg.model.compute_dtype)
+        advice = bf16_advice(jax.default_backend(), cfg.model.compute_dtype, cpu_flags())
+        if advice:
+            self.log(advice)
         self._cast_for_sampling = jax.jit(lambda p: cast_floats(p, self.sample_dtype))
         self.sampler = build.make_sampler(cfg, self.policy, self.shapes, self.mesh)
         self.judge = build.make_judge(cfg, self.sampler, self.sampling_params, self.tok, self.mesh, self.rows)
