@@ -153,8 +153,9 @@ def main(argv=None) -> int:
 
     p = sub.add_parser("bench", help="benchmarks: `bench sampler|decode|step|memory|replay --help`")
     p.add_argument("what", choices=("sampler", "decode", "step", "memory", "replay"),
-                   help="sampler: ours vs transformers generate; decode: one decode step's time by part; step: a training step's phases with the shared "
-                        "prefix on and off; memory: XLA's memory analysis of the update")
+                   help="sampler: ours vs transformers generate; decode: one decode step's time by part; step: a "
+                        "training step's phases with the shared prefix on and off; memory: XLA's memory analysis of "
+                        "the update")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own options")
     p.set_defaults(fn=_cmd_bench)
     from jaxrl_llm.ablate.command import add_commands as add_ablate_commands

@@ -53,7 +53,8 @@ def profile(model, rows: int, slots: int, dtype: str, iters: int, repeats: int) 
     import jax.numpy as jnp
     from flax import nnx
 
-    from jaxrl_llm.model.transformer import KVCache, dot, rope_angles
+    from jaxrl_llm.model import attention
+    from jaxrl_llm.model.transformer import KVCache, dot, rope, rope_angles
     from jaxrl_llm.rl.forward import cast_floats
     from jaxrl_llm.sampling.decode import RowSettings, RowState, cache_dtype, decode_step
     from jaxrl_llm.sampling.processors import choose_tokens
@@ -99,17 +100,19 @@ def profile(model, rows: int, slots: int, dtype: str, iters: int, repeats: int) 
     attn_flop = 2.0 * b * n_layers * 2 * h * e * slots
     add("step (sampled, T=0.7)", step, (state, fresh(cache), logits, temps["sampled"]), weights_flop + attn_flop,
         carry=1)
+    def choose(lg, t):
+        return choose_tokens(lg, t, ones, zeros_i, jax.random.wrap_key_data(keys))
+
     for name, t in temps.items():
-        add(f"choose token ({name})", lambda lg, t: choose_tokens(lg, t, ones, zeros_i, jax.random.wrap_key_data(keys)),
-            (logits, t))
+        add(f"choose token ({name})", choose, (logits, t))
 
     def layers(st, tok, cache):
         mm = nnx.merge(graphdef, st)
         hidden, cache = mm(tok[:, None], pos[:, None], cache)
         return hidden, cache
 
-    add(f"{n_layers} layers (no head)", layers, (state, tok, fresh(cache)), weights_flop - 2.0 * b * d * v + attn_flop,
-        carry=2)
+    add(f"{n_layers} layers (no head)", layers, (state, tok, fresh(cache)),
+        weights_flop - 2.0 * b * d * v + attn_flop, carry=2)
     add("head (logits)", lambda st, hid: nnx.merge(graphdef, st).logits(hid), (state, x[:, 0]), 2.0 * b * d * v)
 
     blk = m.layers[0]
@@ -130,7 +133,6 @@ def profile(model, rows: int, slots: int, dtype: str, iters: int, repeats: int) 
         return None, (kv[0].at[r, :, :, pos[:, None]].set(kk), kv[1].at[r, :, pos[:, None]].set(vv))
 
     def attend(q, ck, cv):
-        from jaxrl_llm.model import attention
         g = h // k
         q_bkqe = q.reshape(b, 1, k, g, e).transpose(0, 2, 1, 3, 4).reshape(b, k, g, e)
         kpos = jnp.broadcast_to(jnp.arange(slots), (b, slots))
@@ -138,7 +140,6 @@ def profile(model, rows: int, slots: int, dtype: str, iters: int, repeats: int) 
 
     def norms_rope(st, x, q, kk):
         blk = nnx.merge(lgd, st)
-        from jaxrl_llm.model.transformer import rope
         return blk.attn_norm(x), blk.mlp_norm(x), rope(q, cos_sin), rope(kk, cos_sin)
 
     q = jnp.asarray(rng.normal(size=(b, 1, h, e)), dt)
@@ -171,8 +172,9 @@ def main(argv=None) -> int:
     from jaxrl_llm.model.registry import resolve
 
     model, _ = load_hf_folder(resolve(args.model), param_dtype="float32")
-    print(f"{args.model}, {args.rows} rows, one token each; {platform.processor() or platform.machine()} "
-          f"({' '.join(sorted(cpu_flags() & {'avx512f', 'avx512_bf16', 'amx_bf16', 'amx_tile'})) or 'no bf16 flags'}), {jax.devices()[0].platform}, jax {jax.__version__}")
+    flags = " ".join(sorted(cpu_flags() & {"avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})) or "no bf16 flags"
+    print(f"{args.model}, {args.rows} rows, one token each; {platform.processor() or platform.machine()} ({flags}), "
+          f"{jax.devices()[0].platform}, jax {jax.__version__}")
     for slots in (int(s) for s in args.slots.split(",")):
         results = {dt: profile(model, args.rows, slots, dt, args.iters, args.repeats) for dt in args.dtypes.split(",")}
         dts = list(results)

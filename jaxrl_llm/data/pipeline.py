@@ -17,7 +17,7 @@ def prompt_batches(num_items: int, batch_size: int, seed: int):
     if len(ds) < batch_size:
         raise ValueError(f"{len(ds)} prompts cannot fill a batch of {batch_size}")
     # computed in the calling thread, one batch when asked: grain's default read options run 16 threads that keep
-    # 500 batches ahead, which for a few integers a step cost more CPU than the tests' whole tiny runs' data
-    # (16 % of a HeRL trainer test's profile, grain's index shuffle); the order and the iterator's state are the same
+    # 500 batches ahead, which for a few integers a step cost 16 % of a tiny HeRL trainer run's CPU samples (grain's
+    # index shuffle); the order and the iterator's state are the same
     sync = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
     return ds.shuffle(seed=seed).repeat(None).batch(batch_size, drop_remainder=True).to_iter_dataset(sync).__iter__()
