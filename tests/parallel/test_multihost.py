@@ -252,9 +252,6 @@ def test_two_hosts_train_as_one_and_stop_and_resume_together(tmp_path, rrl_refer
     jax.tree.map(explore_close, jax.device_get(two.state.explore), jax.device_get(ref.state.explore))
 
 
-# both variants on one xdist worker, one after the other: the second reads the pair's programs from the compile
-# cache instead of compiling them at the same time on the other worker
-@pytest.mark.xdist_group("silent_pair")
 @pytest.mark.parametrize("silent", [1, 0])
 def test_a_silent_process_ends_the_run_with_the_resume_status_naming_it(tmp_path, silent):
     """One process of two stops answering (SIGSTOP) after step 2: the live one must not wait forever in the
