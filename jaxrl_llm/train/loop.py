@@ -34,7 +34,7 @@ from jaxrl_llm.train.state import TrainState, phase_key
 from jaxrl_llm.train.step import PolicyLogprobs
 from jaxrl_llm.train.stop import StopFlag, maintenance_url
 from jaxrl_llm.train.tracking import Tracker
-from jaxrl_llm.utils.cpu import bf16_advice, cpu_flags
+from jaxrl_llm.utils.cpu import bf16_advice
 
 
 class Run:
@@ -76,7 +76,7 @@ class Run:
         self.logprobs = PolicyLogprobs(self.policy.graphdef, cfg.model.compute_dtype, self.mesh,
                                        self.shapes.logprob_width)
         self.sample_dtype = jnp.dtype(cfg.model.compute_dtype)
-        advice = bf16_advice(jax.default_backend(), cfg.model.compute_dtype, cpu_flags())
+        advice = bf16_advice(jax.default_backend(), cfg.model.compute_dtype)
         if advice:
             self.log(advice)
         self._cast_for_sampling = jax.jit(lambda p: cast_floats(p, self.sample_dtype))

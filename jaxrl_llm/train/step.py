@@ -114,14 +114,15 @@ _DROPOUT_STREAM = 1 << 20  # folded into the step's minibatch key (whose epochs 
 def update_policy(cfg: Config, shapes: RunShapes, update, params, opt_state, ref_params, rows: RowBatch,
                   key: jax.Array) -> Updated:
     """ppo_epochs x minibatches calls of the jitted update; with several minibatches each epoch draws its own
-    permutation of the rows (fold_in(key, epoch)). Call c's LoRA dropout key: fold_in(fold_in(key, _DROPOUT_STREAM), c)."""
+    permutation of the rows (fold_in(key, epoch)). Call c's LoRA dropout key: fold_in(fold_in(key, _DROPOUT_STREAM),
+    c)."""
     n = rows.rows  # N, unless an explorer added rows (each row count compiles its own programs)
     if n % cfg.algo.minibatches:
         raise ValueError(f"the step ended with {n} rows, which algo.minibatches={cfg.algo.minibatches} "
                          f"does not divide")
     per = n // cfg.algo.minibatches
     calls, positions, coefs = [], 0, loss_coefs(cfg)
-    dropout_keys = jax.random.fold_in(key, _DROPOUT_STREAM)  # call c's LoRA dropout key: fold_in(this, c)
+    dropout_keys = jax.random.fold_in(key, _DROPOUT_STREAM)
     for epoch in range(cfg.algo.ppo_epochs):
         order = np.arange(n) if cfg.algo.minibatches == 1 else np.asarray(
             jax.random.permutation(jax.random.fold_in(key, epoch), n))

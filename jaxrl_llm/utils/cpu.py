@@ -19,10 +19,14 @@ def cpu_flags(path: str = "/proc/cpuinfo") -> set[str]:
     return set()
 
 
-def bf16_advice(platform: str, dtype: str, flags: set[str]) -> str | None:
-    """A warning for a bf16 run on a CPU that emulates bf16 (None where there is nothing to say). Unknown flags
-    (an empty set) say nothing: the CPU may well have them."""
-    if platform != "cpu" or dtype != "bfloat16" or not flags or any(f in flags for f in BF16_FLAGS):
+def bf16_advice(platform: str, dtype: str, flags: set[str] | None = None) -> str | None:
+    """A warning for a bf16 run on a CPU that emulates bf16 (None where there is nothing to say). `flags`: the
+    CPU's (default: read from /proc/cpuinfo, only for a bf16 run on CPU). Unknown flags (an empty set) say
+    nothing: the CPU may well have them."""
+    if platform != "cpu" or dtype != "bfloat16":
+        return None
+    flags = cpu_flags() if flags is None else flags
+    if not flags or any(f in flags for f in BF16_FLAGS):
         return None
     return ("model.compute_dtype is bfloat16 on a CPU without avx512_bf16 or AMX: XLA emulates bf16 matmuls here, "
             "so sampling and the update are likely faster with model.compute_dtype=float32")

@@ -16,7 +16,7 @@ from flax import nnx
 
 from jaxrl_llm.model.transformer import KVCache, init_model
 from jaxrl_llm.rl.forward import cast_floats
-from jaxrl_llm.sampling import decode, slots
+from jaxrl_llm.sampling import decode
 from jaxrl_llm.sampling.sampler import Sampler
 from tests.helpers import TINY
 
@@ -54,7 +54,6 @@ def test_a_float32_cache_samples_what_a_bf16_cache_samples(tiny_model, monkeypat
     outs = []
     for dtype in (jnp.float32, jnp.bfloat16):
         monkeypatch.setattr(decode, "cache_dtype", lambda d, platform=None, dtype=dtype: jnp.dtype(dtype))
-        monkeypatch.setattr(slots, "cache_dtype", decode.cache_dtype)
         sampler = Sampler(graphdef, pad_id=0, stop_ids=())
         outs.append([sampler(state, prompts, max_new_tokens=24, temperature=t, key=jax.random.key(1))
                      for t in (0.0, 1.0)])
