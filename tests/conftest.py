@@ -3,10 +3,11 @@ cache, and the `slow` tier. Helpers that tests import live in tests/helpers.py."
 
 import os
 
-# 8 fake CPU devices for the mesh tests, and XLA:CPU's backend at -O0 (tests/helpers.py FAST_COMPILE): about half of
-# the suite's time is XLA compiling, and -O0 compiles a third faster. Numbers move in their last bits, which no
-# test compares except the GRPO reference test, which runs its trainer at the default level in its own process.
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0")
+from tests import FAST_COMPILE
+
+# 8 fake CPU devices for the mesh tests, and XLA:CPU compiling fast (tests/__init__.py FAST_COMPILE): more than half
+# of the suite's time is XLA compiling.
+os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {FAST_COMPILE}")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 

@@ -23,8 +23,7 @@ from flax import nnx
 from jaxrl_llm.model.config import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-# XLA:CPU at -O0 (tests/conftest.py): the tests' processes and the trainer processes they start compile with it
-FAST_COMPILE = "--xla_backend_optimization_level=0"
+from tests import FAST_COMPILE  # noqa: F401 (tests import it from here)
 # JAXRL_TEST_JAX_CACHE: another folder (an empty one measures the suite as CI's fresh checkout runs it)
 CACHE_DIR = os.environ.get("JAXRL_TEST_JAX_CACHE", str(ROOT / ".cache" / "jax"))
 

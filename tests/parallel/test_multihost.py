@@ -23,7 +23,8 @@ from flax import nnx
 from jaxrl_llm.parallel.watchdog import STALE_S
 from jaxrl_llm.train.loop import Run
 from jaxrl_llm.train.stop import RESUME_EXIT_CODE
-from tests.helpers import RRL_REFERENCE, RRL_STEPS, rrl_cfg, subprocess_env, tiny_cfg, train_rows, wait_for_row
+from tests.helpers import (FAST_COMPILE, RRL_REFERENCE, RRL_STEPS, rrl_cfg, subprocess_env, tiny_cfg, train_rows,
+                           wait_for_row)
 
 pytestmark = pytest.mark.slow  # integration runs: tools/test.sh runs them, `-m "not slow"` leaves them out
 
@@ -94,7 +95,8 @@ def test_hosts_helpers_across_two_real_processes(tmp_path):
     for mode, want in (("differ", "REFUSED: the processes disagree on the test plan"), ("same", "AGREED")):
         port, procs = _free_port(), []
         for i in range(2):
-            env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu",
+            env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count=4 {FAST_COMPILE}",
+                   "JAX_PLATFORMS": "cpu",
                    "JAXRL_COORDINATOR_ADDRESS": f"localhost:{port}", "JAXRL_NUM_PROCESSES": "2",
                    "JAXRL_PROCESS_ID": str(i)}
             procs.append(subprocess.Popen([sys.executable, str(script), mode], cwd=ROOT, env=env, text=True,
@@ -153,7 +155,8 @@ def test_one_process_finding_damage_moves_the_checkpoint_aside_for_both(tmp_path
         port, procs = _free_port(), []
         folder = tmp_path / mode / "checkpoints"
         for i in range(2):
-            env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu",
+            env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count=4 {FAST_COMPILE}",
+                   "JAX_PLATFORMS": "cpu",
                    "JAXRL_COORDINATOR_ADDRESS": f"localhost:{port}", "JAXRL_NUM_PROCESSES": "2",
                    "JAXRL_PROCESS_ID": str(i)}
             procs.append(subprocess.Popen([sys.executable, str(script), str(folder), mode], cwd=ROOT, env=env,
