@@ -21,9 +21,9 @@ import yaml
 from flax import nnx
 
 from jaxrl_llm.model.config import ModelConfig
+from tests import FAST_COMPILE
 
 ROOT = Path(__file__).resolve().parents[1]
-from tests import FAST_COMPILE  # noqa: F401 (tests import it from here)
 # JAXRL_TEST_JAX_CACHE: another folder (an empty one measures the suite as CI's fresh checkout runs it)
 CACHE_DIR = os.environ.get("JAXRL_TEST_JAX_CACHE", str(ROOT / ".cache" / "jax"))
 
@@ -179,7 +179,7 @@ def spawn_train(tmp_path, cfg):
 
 def subprocess_env(fast_compile: bool = True, **extra) -> dict:
     """This environment plus the tests' compile cache (tests/conftest.py) at its threshold: a program another
-    test or process compiled is read back, not compiled again. XLA_FLAGS given here keep the tests' -O0 unless
+    test or process compiled is read back, not compiled again. XLA_FLAGS given here keep FAST_COMPILE unless
     `fast_compile` is False."""
     env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": CACHE_DIR, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS":
            str(jax.config.jax_persistent_cache_min_compile_time_secs), **extra}
