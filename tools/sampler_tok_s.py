@@ -6,11 +6,10 @@ docs/benchmarks.md). `jaxrl-llm bench sampler` compares against transformers as 
 """
 
 import sys
-import time
-
 import jax
 import numpy as np
 
+from jaxrl_llm.bench.sampler_bench import best_of
 from jaxrl_llm.model.hf_io import load_hf_folder
 from jaxrl_llm.model.registry import resolve
 from jaxrl_llm.sampling.sampler import Sampler
@@ -25,10 +24,6 @@ def run():
     return sampler(state, prompts, max_new_tokens=new, temperature=0.0, key=jax.random.key(0))
 
 
-run()
-best = float("inf")
-for _ in range(2):
-    t0 = time.perf_counter()
-    run()
-    best = min(best, time.perf_counter() - t0)
+run()  # compile
+best = best_of(run, 2)
 print(f"{label} {dtype}: {16 * new / best:.0f} new tok/s", flush=True)

@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from jaxrl_llm.utils.cpu import cpu_flags
+from jaxrl_llm.utils.cpu import BF16_FLAGS, cpu_flags
 
 
 def _time(fn, args, iters: int, repeats: int, carry: int | None = None) -> float:
@@ -100,6 +100,7 @@ def profile(model, rows: int, slots: int, dtype: str, iters: int, repeats: int) 
     attn_flop = 2.0 * b * n_layers * 2 * h * e * slots
     add("step (sampled, T=0.7)", step, (state, fresh(cache), logits, temps["sampled"]), weights_flop + attn_flop,
         carry=1)
+
     def choose(lg, t):
         return choose_tokens(lg, t, ones, zeros_i, jax.random.wrap_key_data(keys))
 
@@ -172,7 +173,7 @@ def main(argv=None) -> int:
     from jaxrl_llm.model.registry import resolve
 
     model, _ = load_hf_folder(resolve(args.model), param_dtype="float32")
-    flags = " ".join(sorted(cpu_flags() & {"avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})) or "no bf16 flags"
+    flags = " ".join(sorted(cpu_flags() & {"avx512f", "amx_tile", *BF16_FLAGS})) or "no bf16 flags"
     print(f"{args.model}, {args.rows} rows, one token each; {platform.processor() or platform.machine()} ({flags}), "
           f"{jax.devices()[0].platform}, jax {jax.__version__}")
     for slots in (int(s) for s in args.slots.split(",")):

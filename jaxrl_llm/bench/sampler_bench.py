@@ -22,7 +22,8 @@ TOY = dict(vocab_size=8192, hidden_size=256, intermediate_size=1024, num_hidden_
            num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=True)
 
 
-def _best_of(fn, repeats: int) -> float:
+def best_of(fn, repeats: int) -> float:
+    """Seconds of `fn`'s fastest call of `repeats` (warm it up first)."""
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -67,7 +68,7 @@ def bench_one(name: str, batch: int, prompt_len: int, new: int, repeats: int, wo
         return sampler(state, prompts.tolist(), max_new_tokens=new, temperature=0.0, key=jax.random.key(0))
 
     ours_out = run_ours()  # compile
-    t_ours = _best_of(run_ours, repeats)
+    t_ours = best_of(run_ours, repeats)
 
     input_ids = torch.tensor(prompts)
     kwargs = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, use_cache=True, pad_token_id=0,
@@ -78,7 +79,7 @@ def bench_one(name: str, batch: int, prompt_len: int, new: int, repeats: int, wo
             return hf_model.generate(input_ids, **kwargs)
 
     hf_out = run_hf()
-    t_hf = _best_of(run_hf, repeats)
+    t_hf = best_of(run_hf, repeats)
     agree = float(np.mean(np.asarray(hf_out[:, prompt_len:]) ==
                           np.stack([ours_out.generated(i) for i in range(batch)])))
     n_tokens = batch * new

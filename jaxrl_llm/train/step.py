@@ -114,8 +114,8 @@ _DROPOUT_STREAM = 1 << 20  # folded into the step's minibatch key (whose epochs 
 def update_policy(cfg: Config, shapes: RunShapes, update, params, opt_state, ref_params, rows: RowBatch,
                   key: jax.Array) -> Updated:
     """ppo_epochs x minibatches calls of the jitted update; with several minibatches each epoch draws its own
-    permutation of the rows (fold_in(key, epoch)). Call c's LoRA dropout key: fold_in(fold_in(key, _DROPOUT_STREAM),
-    c)."""
+    permutation of the rows (fold_in(key, epoch)). Call c's LoRA dropout key is fold_in(dropout_keys, c), where
+    dropout_keys = fold_in(key, _DROPOUT_STREAM)."""
     n = rows.rows  # N, unless an explorer added rows (each row count compiles its own programs)
     if n % cfg.algo.minibatches:
         raise ValueError(f"the step ended with {n} rows, which algo.minibatches={cfg.algo.minibatches} "
