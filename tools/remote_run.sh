@@ -16,11 +16,15 @@ LOG_TIMEOUT_S=${LOG_TIMEOUT_S:-600}
 
 alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
+# the agent polls for the log and the exit status every POLL_S (a file test: nothing next to a run), so a launch
+# learns of either within a fifth of a second, not a second
+POLL_S=0.2
+
 wait_for_log() {  # wait_for_log SECONDS: true once train.log exists
-  local waited=0
+  local until=$((SECONDS + $1))
   while [ ! -f train.log ]; do
-    if [ "$waited" -ge "$1" ]; then return 1; fi
-    sleep 1; waited=$((waited + 1))
+    if [ "$SECONDS" -gt "$until" ]; then return 1; fi  # -gt: never before $1 whole seconds
+    sleep "$POLL_S"
   done
 }
 
@@ -53,16 +57,16 @@ case "${1:-}" in
     if ! wait_for_log "$timeout"; then
       echo "remote_run: the run's log $PWD/train.log did not appear within $timeout s" >&2; exit 3
     fi
-    tail -n +1 -F train.log 2>/dev/null &
+    tail -s "$POLL_S" -n +1 -F train.log 2>/dev/null &
     t=$!
     trap 'kill $t 2>/dev/null || true' EXIT
     while [ ! -f exit_code ]; do
       if ! alive wrap.pid && [ ! -f exit_code ]; then
         echo "remote_run: the run in $PWD ended without an exit status (its wrapper was killed)" >&2; exit 3
       fi
-      sleep 1
+      sleep "$POLL_S"
     done
-    sleep 1
+    sleep 0.6  # three of tail's polls: the log's last lines are out before the status
     exit "$(cat exit_code)"
     ;;
   stop)
