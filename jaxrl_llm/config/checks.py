@@ -102,6 +102,8 @@ def validate(cfg: Config, source: str) -> None:
     need(t.watchdog_ceiling_s == 0 or 0 < t.watchdog_floor_s <= t.watchdog_ceiling_s,
          f"train.watchdog_floor_s={t.watchdog_floor_s} must be > 0 and <= train.watchdog_ceiling_s="
          f"{t.watchdog_ceiling_s}")
+    need(2 <= t.watchdog_stale_s <= 30, f"train.watchdog_stale_s={t.watchdog_stale_s} must be in [2, 30] s: a "
+         "heartbeat is posted every second, and jax.distributed gives up on a silent process after 100 s")
     need(t.maintenance_url in ("auto", "") or t.maintenance_url.startswith(("http://", "https://")),
          f"train.maintenance_url={t.maintenance_url!r}: 'auto', '' or an http:// or https:// URL")
     need(cfg.train.keep_checkpoints >= 1, f"train.keep_checkpoints={cfg.train.keep_checkpoints} must be >= 1 (a run "

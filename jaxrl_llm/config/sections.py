@@ -321,11 +321,12 @@ class TrainSection:
     # maintenance-event on TPU VMs, "" nothing, any other URL that URL; a notice saves and exits 75 like SIGTERM
     maintenance_url: str = "auto"
     # multi-host runs (parallel/watchdog.py): when a step's cross-host agreement is overdue (4 x the median recent
-    # step, clamped to [floor, ceiling], at most 60 s) and a process's heartbeat has stopped, every live process
-    # names it and exits 75 (the launch scripts resume); while every process answers, the run waits up to the
-    # ceiling. ceiling 0: no watchdog
+    # step, clamped to [floor, ceiling], at most 60 s) and a process's heartbeat has stood still for stale_s
+    # (posted every second), every live process names it and exits 75 (the launch scripts resume); while every
+    # process answers, the run waits up to the ceiling. ceiling 0: no watchdog
     watchdog_floor_s: float = 30.0
     watchdog_ceiling_s: float = 1800.0
+    watchdog_stale_s: float = 10.0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,20 +3,21 @@ frozen VM, SIGSTOP) would leave every other process blocked forever in the step'
 
 Each process posts a heartbeat to jax.distributed's key-value store once a second from a thread of its own
 (`beat agreements`: a counter, and how many per-step agreements it has made; `done agreements` once it is past
-its last agreement, so a process still saving does not take one that finished first for a silent one). The main thread reports every
-cross-host agreement (`agreed()`; train/stop.py calls it after each step's stop agreement). When the next
-agreement is overdue, the watcher reads every process's heartbeat; a process whose heartbeat has not moved for
-STALE_S is silent, and every live process then writes one line naming it and exits with `exit_code` (the
-resume status the launch scripts rerun on: the run restarts from its last checkpoint).
+its last agreement, so a process still saving does not take one that finished first for a silent one). The main
+thread reports every cross-host agreement (`agreed()`; train/stop.py calls it after each step's stop agreement).
+When the next agreement is overdue, the watcher reads every process's heartbeat; a process whose heartbeat has
+not moved for stale_s (train.watchdog_stale_s, 10 s) is silent, and every live process then writes one line
+naming it and exits with `exit_code` (the resume status the launch scripts rerun on: the run restarts from its
+last checkpoint).
 
 When is an agreement overdue: after K times the median of the recent intervals between agreements, clamped to
-[floor_s, ceiling_s] (ceiling_s alone until two intervals are known), and never later than CAP_S, so a silent
-process is named before jax.distributed's own heartbeat timeout (parallel/distributed.py) ends the live
+[floor_s, ceiling_s] (ceiling_s alone until two intervals are known), and never later than `cap_s(stale_s)`, so
+a silent process is named before jax.distributed's own heartbeat timeout (parallel/distributed.py) ends the live
 processes with a status no launch script resumes on. A slow step (a new compilation, a long evaluation) is not
 a hang: while every heartbeat moves the run goes on, up to ceiling_s since the last agreement, after which it
 ends the same way, naming the processes that are behind.
 
-The watcher itself never blocks on the store: a read that does not answer within STALE_S (the coordinator,
+The watcher itself never blocks on the store: a read that does not answer within stale_s (the coordinator,
 process 0, is the store) names process 0.
 """
 
@@ -32,10 +33,14 @@ from collections import deque
 from jaxrl_llm.parallel.distributed import JAX_HEARTBEAT_TIMEOUT_S
 
 BEAT_S = 1.0  # how often each process posts its heartbeat
-STALE_S = 10.0  # a heartbeat unchanged this long (ten missed beats) marks its process silent
+STALE_S = 10.0  # default: a heartbeat unchanged this long (ten missed beats) marks its process silent
 K = 4  # an agreement is overdue after K x the median recent interval between agreements
-CAP_S = JAX_HEARTBEAT_TIMEOUT_S - STALE_S - 30.0  # a silent process is named before jax.distributed gives up
 PREFIX = "jaxrl_watchdog/"
+
+
+def cap_s(stale_s: float) -> float:
+    """The latest an agreement may become overdue: a silent process is named before jax.distributed gives up."""
+    return JAX_HEARTBEAT_TIMEOUT_S - stale_s - 30.0
 
 
 def _client():
@@ -46,12 +51,13 @@ def _client():
 
 class Watchdog:
     """Armed from __enter__ to __exit__; `agreed()` after each cross-host agreement. A no-op unless
-    process_count > 1 and ceiling_s > 0."""
+    process_count > 1 and ceiling_s > 0. `stale_s`: how long a heartbeat may stand still before its process counts
+    as silent."""
 
     def __init__(self, process_index: int, process_count: int, floor_s: float, ceiling_s: float,
-                 exit_code: int, clock=time.monotonic):
+                 stale_s: float = STALE_S, *, exit_code: int, clock=time.monotonic):
         self.index, self.count = process_index, process_count
-        self.floor_s, self.ceiling_s, self.exit_code = floor_s, ceiling_s, exit_code
+        self.floor_s, self.ceiling_s, self.stale_s, self.exit_code = floor_s, ceiling_s, stale_s, exit_code
         self._clock = clock
         self._intervals: deque[float] = deque(maxlen=16)
         self._agreements, self._last = 0, 0.0
@@ -66,7 +72,7 @@ class Watchdog:
             bound = self.ceiling_s
         else:
             bound = min(self.ceiling_s, max(self.floor_s, K * statistics.median(self._intervals)))
-        return min(bound, CAP_S)
+        return min(bound, cap_s(self.stale_s))
 
     def agreed(self) -> None:
         now = self._clock()
@@ -134,7 +140,7 @@ class Watchdog:
             beats = self._read()
             if beats is None:
                 quiet_since = now if quiet_since is None else quiet_since
-                if now - quiet_since >= STALE_S and self.index != 0:
+                if now - quiet_since >= self.stale_s and self.index != 0:
                     self._fire(waited, "process 0 is silent (the coordinator: its key-value store has not answered "
                                        f"for {now - quiet_since:.0f} s)")
                 continue
@@ -148,7 +154,7 @@ class Watchdog:
                     continue
                 if j not in seen or seen[j][0] != value:
                     seen[j] = (value, now)
-                elif now - seen[j][1] >= STALE_S:
+                elif now - seen[j][1] >= self.stale_s:
                     at = f"last heartbeat at agreement {value.split()[1]}" if value else "no heartbeat posted"
                     silent.append(f"process {j} ({at}, unchanged for {now - seen[j][1]:.0f} s)")
             if silent:

@@ -147,7 +147,7 @@ class Run:
             return report.already_complete(self)
         writer = Tracker(cfg, keep_rows=self.state.metrics_rows)
         maintenance = maintenance_url(cfg.train.maintenance_url, self.mesh.devices.flat[0].platform)
-        watchdog = (cfg.train.watchdog_floor_s, cfg.train.watchdog_ceiling_s)
+        watchdog = (cfg.train.watchdog_floor_s, cfg.train.watchdog_ceiling_s, cfg.train.watchdog_stale_s)
         with self.reward_pool() as pool, StopFlag(maintenance, self.log, watchdog) as stop:
             last_eval, saved = stages.before_rl(self, writer, pool, stop)
             last_eval, saved = stages.rl(self, writer, pool, stop, last_eval, saved)

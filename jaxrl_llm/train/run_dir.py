@@ -55,8 +55,8 @@ NOT_A_RUN = (LOCK_NAME, "tokenizer")
 SAFE_TO_CHANGE = ("train.steps", "sft.steps", "eval.every", "train.checkpoint_every", "train.keep_checkpoints",
                   "train.async_checkpoint", "train.tensorboard", "train.export_final", "train.memory_check",
                   "train.device_memory_gib", "train.maintenance_url", "train.out_dir", "train.seed",
-                  "train.watchdog_floor_s", "train.watchdog_ceiling_s", "reward.workers", "reward.start_retries",
-                  "eval.revise_rounds",
+                  "train.watchdog_floor_s", "train.watchdog_ceiling_s", "train.watchdog_stale_s", "reward.workers",
+                  "reward.start_retries", "eval.revise_rounds",
                   "mesh", "logging")
 # how this start treats the folder, not what the run is: never compared
 HOW_TO_START = ("train.resume", "train.overwrite", "train.accept_changes")

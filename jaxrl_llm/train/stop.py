@@ -53,10 +53,10 @@ def maintenance_url(setting: str, platform: str) -> str:
 class StopFlag:
     """A signal (or a maintenance event) sets `requested` at any moment; the loop reads `agreed`, which `sync()`
     sets between steps from every process's request (one host's stop stops all hosts at the same step; with
-    one process, a copy). `reason` says what asked. With several processes, `watchdog` = (floor_s, ceiling_s)
-    arms parallel/watchdog.py around the agreements (ceiling_s 0: off)."""
+    one process, a copy). `reason` says what asked. With several processes, `watchdog` = (floor_s, ceiling_s,
+    stale_s) arms parallel/watchdog.py around the agreements (ceiling_s 0: off)."""
 
-    def __init__(self, maintenance: str = "", log=print, watchdog: tuple[float, float] = (0.0, 0.0)):
+    def __init__(self, maintenance: str = "", log=print, watchdog: tuple[float, ...] = (0.0, 0.0)):
         if maintenance and not maintenance.startswith(("http://", "https://")):
             raise ValueError(f"maintenance URL {maintenance!r}: only http:// and https:// URLs are watched")
         self.requested = False

@@ -20,7 +20,6 @@ import pytest
 import yaml
 from flax import nnx
 
-from jaxrl_llm.parallel.watchdog import STALE_S
 from jaxrl_llm.train.loop import Run
 from jaxrl_llm.train.stop import RESUME_EXIT_CODE
 from tests.helpers import (FAST_COMPILE, RRL_REFERENCE, RRL_STEPS, rrl_cfg, subprocess_env, tiny_cfg, train_rows,
@@ -259,10 +258,12 @@ def test_two_hosts_train_as_one_and_stop_and_resume_together(tmp_path, rrl_refer
 def test_a_silent_process_ends_the_run_with_the_resume_status_naming_it(tmp_path, silent):
     """One process of two stops answering (SIGSTOP) after step 2: the live one must not wait forever in the
     next collective. Within the watchdog's bound (what it reports: K x the median recent step, at least
-    watchdog_floor_s) plus STALE_S of silent heartbeats it exits 75, naming the silent process; that holds
-    for the coordinator (process 0, which serves the key-value store) too."""
+    watchdog_floor_s) plus watchdog_stale_s of silent heartbeats it exits 75, naming the silent process; that
+    holds for the coordinator (process 0, which serves the key-value store) too."""
+    stale = 3  # seconds (10 by default): the test waits through it twice
     cfg = tiny_cfg(tmp_path, "train.steps=10000", "train.checkpoint_every=10000", "train.watchdog_floor_s=2",
-                    "train.watchdog_ceiling_s=600", "eval.size=0")  # no evaluation to compile: steps come sooner
+                    "train.watchdog_ceiling_s=600", f"train.watchdog_stale_s={stale}",
+                    "eval.size=0")  # no evaluation to compile: steps come sooner
     procs = _spawn_pair(tmp_path, cfg)
     live = procs[1 - silent]
     try:
@@ -281,4 +282,4 @@ def test_a_silent_process_ends_the_run_with_the_resume_status_naming_it(tmp_path
     assert line and int(line[1]) == 1 - silent, out[-3000:]
     assert f"process {silent}" in line[0] and "exiting with status 75" in line[0], line[0]
     overdue = int(line[3])
-    assert 2 <= overdue < 60 and STALE_S <= waited <= overdue + STALE_S + 10, (overdue, waited, line[0])
+    assert 2 <= overdue < 60 and stale <= waited <= overdue + stale + 10, (overdue, waited, line[0])

@@ -70,3 +70,6 @@ def test_only_http_urls_are_watched(tmp_path):
         load_config(None, ["train.maintenance_url=file:///x"])
     with pytest.raises(ConfigError, match="train.watchdog_floor_s=90.0 must be > 0 and <= train.watchdog_ceiling_s"):
         load_config(None, ["train.watchdog_floor_s=90", "train.watchdog_ceiling_s=60"])
+    for bad in ("1", "31"):  # beats come every second; jax.distributed gives up on a silent process after 100 s
+        with pytest.raises(ConfigError, match=rf"train.watchdog_stale_s={float(bad)} must be in \[2, 30\]"):
+            load_config(None, [f"train.watchdog_stale_s={bad}"])
