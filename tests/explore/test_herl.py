@@ -323,7 +323,7 @@ def _herl_trainer_cfg(tmp_path, *overrides):
                      "rollout.max_new_tokens=4", "algo.micro_batch=32", "explore.herl.enabled=true",
                      "explore.herl.candidate_limit=4", "explore.herl.replace_top_n=2", "explore.herl.keep=at_least",
                      "explore.herl.revise_template='Q {question} D {draft} M {met} U {unmet}'",
-                     "train.steps=5", "train.checkpoint_every=100", "eval.every=100",
+                     "train.steps=3", "train.checkpoint_every=100", "eval.every=100",
                      # the policy judges the 'judge' item (a random model never answers in JSON: parse failures)
                      "reward.judge=policy", "reward.judge_max_new_tokens=4",
                      "model.scratch={hidden_size: 32, intermediate_size: 64, num_layers: 1, num_heads: 2, "
@@ -361,10 +361,10 @@ def test_herl_in_the_trainer_keeps_revisions_and_compiles_nothing_after_warmup(t
     assert counts[1:] == [counts[1]] * (len(counts) - 1), counts
     # a resumed HeRL-only run (its explorer state has no arrays, so none is saved) carries on revising
     logs = []
-    Run(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=6)), log=logs.append).train()
+    Run(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=4)), log=logs.append).train()
     assert any(ln.startswith("resumed from") for ln in logs), logs
     got = train_rows(cfg.train.out_dir)
-    assert sorted(got) == [1, 2, 3, 4, 5, 6] and got[6]["herl_revisions"] == got[6]["herl_candidates"] >= 1
+    assert sorted(got) == [1, 2, 3, 4] and got[4]["herl_revisions"] == got[4]["herl_candidates"] >= 1
 
 
 @pytest.mark.slow
