@@ -6,12 +6,13 @@ figure, with a 95 % interval from a paired hierarchical bootstrap over seeds and
     jaxrl-llm ablate-ci configs/ablate/e3_temperature_control.yaml \\
         --arms e3_collapse_400:grpo_collapse_400,e3_collapse_3e-4:grpo_collapse_3e-4   # arm:its own baseline
 
-Per-problem outcomes: the in-run evaluation logs only figures, so each finished run's final checkpoint is
-evaluated once more by `jaxrl-llm eval` (a subprocess from the working directory, offline) into
-<out_dir>/eval/<arm>/seed<S> (completions.jsonl, summary.json, eval.log); a summary.json of the run's final
-step there is reused. The eval's figures must equal the run's own final evaluation row to 1e-6 (same problems,
-random keys and model), and completions.jsonl must reproduce summary.json: otherwise the command stops, since
-those outcomes would not be the run's.
+Per-problem outcomes: the trainer writes its evaluations' per-problem outcomes beside metrics.jsonl
+(held_out/step<N>.jsonl, train/outcomes.py) and the archive keeps the final one, so a record alone gives them.
+A run recorded before that is evaluated once more from its final checkpoint by `jaxrl-llm eval` (a subprocess
+from the working directory, offline) into <out_dir>/eval/<arm>/seed<S> (completions.jsonl, summary.json,
+eval.log); a summary.json of the run's final step there is reused. Either way the outcomes must reproduce the
+run's own final evaluation row to 1e-6 (same problems, random keys and model): otherwise the command stops,
+since those outcomes would not be the run's.
 
 Bootstrap: each resample draws, for each arm, its seeds with replacement (as many as it has) and, once for
 both arms, the held-out problems with replacement (paired: a problem's shared difficulty cancels); each figure
@@ -39,8 +40,10 @@ from pathlib import Path
 import numpy as np
 
 from jaxrl_llm.ablate.grid import OFFLINE_ENV, log_tail
-from jaxrl_llm.ablate.records import EVAL_COLUMNS, Stat, aggregate, by_step, load_rows, run_steps, run_summary
+from jaxrl_llm.ablate.records import (EVAL_COLUMNS, EVAL_KS, Stat, aggregate, by_step, load_rows, run_steps,
+                                      run_summary)
 from jaxrl_llm.ablate.spec import Spec, SpecError
+from jaxrl_llm.train import outcomes
 
 FIGURE_TOL = 1e-6  # eval vs the run's own row: the same computation, so only float printing may differ
 LEVEL = 0.95
@@ -206,6 +209,21 @@ def evaluate_run(spec: Spec, arm: str, seed: int, record: Path, log=print) -> Ru
     """The run's per-problem outcomes at its final step (`jaxrl-llm eval` once), checked against its own row."""
     steps = run_steps(record)
     rows = load_rows(record / "metrics.jsonl")
+    final = by_step(rows, "eval")[steps]
+    budget = {k: run_summary(rows, steps)["final"].get(k) for k in ("sampled_tokens", "wall_s")}
+    written = outcomes.path(record, steps)
+    if written.is_file():  # the trainer's own per-problem outcomes (train/outcomes.py): nothing to sample again
+        try:
+            completions = outcomes.completion_rows(written)
+        except ValueError as e:
+            raise EvalMismatch(str(e)) from e
+        problems, values = problem_values(completions, final["rollout_t"], EVAL_KS)
+        if len(problems) != final.get("problems", len(problems)):
+            raise EvalMismatch(f"{arm} seed {seed}: {written} holds {len(problems)} problems, the run's evaluation "
+                               f"{final.get('problems')}")
+        check_figures({k: float(v.mean()) for k, v in values.items()}, final,
+                      f"{arm} seed {seed}: {written} vs the run's own evaluation at step {steps}")
+        return RunOutcomes(arm, seed, problems, values, float(final["rollout_t"]), budget)
     out = eval_dir(spec, arm, seed)
     summary_path = out / "summary.json"
     if not (summary_path.is_file() and json.loads(summary_path.read_text()).get("step") == steps):
@@ -224,7 +242,6 @@ def evaluate_run(spec: Spec, arm: str, seed: int, record: Path, log=print) -> Ru
             raise SpecError(f"{arm} seed {seed}: `{' '.join(cmd)}` failed (exit code {rc}); last lines of "
                             f"{out / 'eval.log'}:\n{log_tail(out / 'eval.log')}")
     summary = json.loads(summary_path.read_text())
-    final = by_step(rows, "eval")[steps]
     where = f"{arm} seed {seed}: the eval in {out} vs the run's own evaluation at step {steps}"
     if summary.get("problems") != final.get("problems", summary.get("problems")):
         raise EvalMismatch(f"{where}: {summary.get('problems')} problems vs {final.get('problems')}")
@@ -233,9 +250,7 @@ def evaluate_run(spec: Spec, arm: str, seed: int, record: Path, log=print) -> Ru
     problems, values = problem_values(completions, summary["rollout_t"], summary.get("pass_k", ()))
     check_figures({k: float(v.mean()) for k, v in values.items()}, summary,
                   f"{arm} seed {seed}: {out / 'completions.jsonl'} vs its summary.json", tol=1e-9)
-    budget = run_summary(rows, steps)["final"]
-    return RunOutcomes(arm, seed, problems, values, float(summary["rollout_t"]),
-                       {k: budget.get(k) for k in ("sampled_tokens", "wall_s")})
+    return RunOutcomes(arm, seed, problems, values, float(summary["rollout_t"]), budget)
 
 
 NAMES = {"greedy_accuracy": "greedy", "sampled_accuracy": "sampled", "never_solved_share": "never solved"}
@@ -300,8 +315,9 @@ def _table(a: str, b: str, lines: list[dict]) -> list[str]:
 def format_markdown(spec: Spec, command_line: str, results: list, missing: list, resamples: int, seed: int) -> str:
     out = [f"# Differences from the baseline: {spec.path}", "",
            f"Produced by `{command_line}`.", "",
-           "Each finished run's final checkpoint evaluated by `jaxrl-llm eval` "
-           f"(`{spec.out_dir / EVAL_FOLDER}/<arm>/seed<S>`); every eval's figures equal the run's own final "
+           "Per-problem outcomes: each run's own final evaluation (`held_out/step<N>.jsonl` in its record) where "
+           "the trainer wrote it, else its final checkpoint evaluated by `jaxrl-llm eval` "
+           f"(`{spec.out_dir / EVAL_FOLDER}/<arm>/seed<S>`); either way they reproduce the run's own final "
            f"evaluation to {FIGURE_TOL:g}. Arm columns: mean ± sample std over seeds. Interval: "
            f"{LEVEL:.0%} percentile interval of a paired hierarchical bootstrap ({resamples} resamples, numpy seed "
            f"{seed}): seeds drawn with replacement within each arm, held-out problems with replacement, the same "

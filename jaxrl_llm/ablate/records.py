@@ -1,8 +1,9 @@
 """Finished runs' records: which runs count as finished, each run's summary (start and final evaluation, budget,
 explorer figures), their aggregate over seeds per arm, and the archive that keeps records beyond a machine.
 
-With a spec's `archive`, every finished run's record (config.yaml, metrics.jsonl, ablation_done.json: a few
-kB, no checkpoints) is copied to <archive>/runs/<arm>/seed<S>. A run whose record is there counts as finished
+With a spec's `archive`, every finished run's record (config.yaml, metrics.jsonl, ablation_done.json, and the
+final evaluation's per-problem outcomes held_out/step<N>.jsonl where the trainer wrote them: tens of kB, no
+checkpoints) is copied to <archive>/runs/<arm>/seed<S>. A run whose record is there counts as finished
 even where out_dir is gone, so a grid longer than one machine's life continues on a fresh checkout: commit
 the archive, rerun the same command.
 """
@@ -17,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from jaxrl_llm.ablate.spec import DONE, LOG, Spec
+from jaxrl_llm.train import outcomes
 from jaxrl_llm.train.metrics import PASS_KS as EVAL_KS
 
 RECORD = ("config.yaml", "metrics.jsonl", DONE)  # what the archive keeps of a finished run (no checkpoints)
@@ -195,9 +197,11 @@ def archive_run(spec: Spec, arm: str, seed: int) -> None:
     src, dst = spec.run_dir(arm, seed), spec.archived(arm, seed)
     if dst is None or not (src / DONE).is_file():
         return
-    dst.mkdir(parents=True, exist_ok=True)
-    for name in RECORD:
-        tmp = dst / f".{name}.tmp"
+    final = outcomes.path(".", run_steps(src))  # relative: the final evaluation's per-problem outcomes
+    names = ([str(final)] if (src / final).is_file() else []) + list(RECORD)
+    for name in names:
+        (dst / name).parent.mkdir(parents=True, exist_ok=True)
+        tmp = (dst / name).with_name(f".{Path(name).name}.tmp")
         shutil.copyfile(src / name, tmp)
         tmp.replace(dst / name)  # the marker last: a half-copied record never counts as finished
 

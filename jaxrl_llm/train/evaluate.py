@@ -75,7 +75,10 @@ def sample_graded(sampler, params, pool, tok, cfg, items, rows, temperature, key
     return np.concatenate(rewards), met, np.concatenate(lengths), texts
 
 
-def evaluate(sampler, params, pool, tok, cfg: Config, items, key: jax.Array, judge=None) -> dict:
+def evaluate(sampler, params, pool, tok, cfg: Config, items, key: jax.Array, judge=None,
+             outcomes: dict | None = None) -> dict:
+    """The evaluation's figures; with `outcomes` (a dict), also each sample's reward and correct flag per
+    temperature, problem-major (train/outcomes.py writes them)."""
     if not items:
         return {}
     t0 = time.perf_counter()
@@ -85,6 +88,8 @@ def evaluate(sampler, params, pool, tok, cfg: Config, items, key: jax.Array, jud
     greedy, greedy_met, greedy_len, greedy_texts = sample_graded(sampler, params, pool, tok, cfg, items, np.arange(n),
                                                                  0.0, jax.random.fold_in(key, 0), judge, scores=parts)
     scored = Scores.concat(parts)
+    if outcomes is not None:
+        outcomes[0.0] = (greedy, scored.correct)
     out = {"greedy_accuracy": float(np.mean(scored.correct)), "greedy_reward_mean": float(np.mean(greedy)),
            "problems": n, **scored.metrics("greedy_")}
     lengths, tokens = [greedy_len], int(greedy_len.sum())
@@ -99,7 +104,7 @@ def evaluate(sampler, params, pool, tok, cfg: Config, items, key: jax.Array, jud
             out.update({f"{prefix}{k}": v for k, v in list(out.items()) if _is_sampled(k)})
             break
         figures, sampled_len, round_tokens = _sampled_figures(sampler, params, pool, tok, cfg, items, temperature,
-                                                              key, phase, judge, rounds)
+                                                              key, phase, judge, rounds, outcomes)
         out.update({f"{prefix}{k}": v for k, v in figures.items()})
         lengths.append(sampled_len)
         tokens += int(sampled_len.sum()) + round_tokens
@@ -119,7 +124,7 @@ def _round_tokens(figures: dict) -> int:
     return sum(v for k, v in figures.items() if k.endswith("_tokens"))
 
 
-def _sampled_figures(sampler, params, pool, tok, cfg, items, temperature, key, phase, judge, rounds):
+def _sampled_figures(sampler, params, pool, tok, cfg, items, temperature, key, phase, judge, rounds, outcomes=None):
     """eval.samples samples of every item at `temperature`: accuracy, mean reward, never-solved share,
     unbiased pass@k, and any revise rounds' figures; the samples' lengths; the rounds' tokens."""
     n, k = len(items), cfg.eval.samples
@@ -128,6 +133,8 @@ def _sampled_figures(sampler, params, pool, tok, cfg, items, temperature, key, p
     sampled, met, sampled_len, texts = sample_graded(sampler, params, pool, tok, cfg, items, rows, temperature,
                                                      jax.random.fold_in(key, phase), judge, scores=parts)
     scored = Scores.concat(parts)
+    if outcomes is not None:
+        outcomes[float(temperature)] = (sampled, scored.correct)
     correct = scored.correct.reshape(n, k)
     solved_count = correct.sum(axis=1)
     out = {"sampled_accuracy": float(correct.mean()), "sampled_reward_mean": float(np.mean(sampled)),

@@ -12,6 +12,7 @@ from tqdm import tqdm
 from jaxrl_llm.model import lora
 from jaxrl_llm.rl.spec import loss_coefs, sft_spec
 from jaxrl_llm.rl.update import abstract_optimizer_state, init_optimizer, make_update
+from jaxrl_llm.train import outcomes as held_out_outcomes
 from jaxrl_llm.train.evaluate import evaluate
 from jaxrl_llm.train.sft import sft_batch
 from jaxrl_llm.train.state import PHASE_EVAL, PHASE_SFT
@@ -24,17 +25,24 @@ def write(run, writer, step: int, metrics: dict, kind: str = "train") -> None:
     run.state.metrics_rows = writer.rows
 
 
-def held_out(run, pool) -> dict:
-    """The evaluation's figures for the current policy (eval.split: held-out items, or the training items)."""
+def eval_items(run) -> list:
+    """What the evaluation samples (eval.split: the held-out items, or the first training items)."""
     cfg = run.cfg
-    items = run.eval_items if cfg.eval.split == "heldout" else run.train_items[:cfg.eval.size]
-    return evaluate(run.sampler, run.sampling_params(), pool, run.tok, cfg, items,
-                    run.key(PHASE_EVAL, run.state.step), run.judge)
+    return run.eval_items if cfg.eval.split == "heldout" else run.train_items[:cfg.eval.size]
+
+
+def held_out(run, pool, outcomes: dict | None = None) -> dict:
+    """The evaluation's figures for the current policy (and each problem's outcomes into `outcomes`)."""
+    return evaluate(run.sampler, run.sampling_params(), pool, run.tok, run.cfg, eval_items(run),
+                    run.key(PHASE_EVAL, run.state.step), run.judge, outcomes)
 
 
 def eval_stage(run, writer, pool, kind: str, label: str) -> dict:
-    result = held_out(run, pool)
+    outcomes: dict = {}
+    result = held_out(run, pool, outcomes)
     write(run, writer, run.state.sft_step if kind == "eval_before_sft" else run.state.step, result, kind)
+    if kind == "eval" and outcomes and jax.process_index() == 0:  # RL-stage evaluations: held_out/step<N>.jsonl
+        held_out_outcomes.write(run.cfg.train.out_dir, run.state.step, eval_items(run), outcomes)
     run.log(f"{label} held-out: {fmt(result)}")
     return result
 

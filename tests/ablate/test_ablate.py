@@ -319,14 +319,16 @@ def _tiny_base(tmp_path) -> Path:
 
 @pytest.mark.slow
 def test_end_to_end_two_arms_through_the_real_trainer(tmp_path, monkeypatch, capsys):
-    """Two arms x one seed, 2 RL steps each of a 1-layer scratch model (~15 s a run on 2 cores)."""
+    """Two arms x one seed, 2 RL steps each of a 1-layer scratch model (~15 s a run on 2 cores); their archived
+    records (the final evaluation's per-problem outcomes among them) give `ablate-ci` its interval once the run
+    folders are gone."""
     monkeypatch.setenv("XLA_FLAGS", FAST_COMPILE)  # one CPU device: the fastest tiny run
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", CACHE_DIR)
     monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
     base = _tiny_base(tmp_path)
     spec_path = tmp_path / "spec.yaml"
     spec_path.write_text(yaml.safe_dump({"base": str(base), "overrides": ["train.steps=2"], "seeds": [0],
-                                         "out_dir": str(tmp_path / "out"),
+                                         "out_dir": str(tmp_path / "out"), "archive": str(tmp_path / "kept"),
                                          "arms": {"cool": ["rollout.temperature=0.7"],
                                                   "hot": ["rollout.temperature=1.0"]}}))
     assert cli.main(["ablate", str(spec_path)]) == 0, capsys.readouterr().err
@@ -344,6 +346,13 @@ def test_end_to_end_two_arms_through_the_real_trainer(tmp_path, monkeypatch, cap
     capsys.readouterr()
     assert command.main([str(spec_path), "--dry-run"]) == 0
     assert capsys.readouterr().out.count("# done:") == 2
+    kept = tmp_path / "kept" / "runs"
+    assert sorted(p.relative_to(kept).as_posix() for p in kept.rglob("*.jsonl")) == [
+        f"{arm}/seed0/{name}" for arm in ("cool", "hot") for name in ("held_out/step2.jsonl", "metrics.jsonl")]
+    shutil.rmtree(out)  # a fresh machine: no run folder, no checkpoint; the archive's records alone
+    assert cli.main(["ablate-ci", str(spec_path), "--baseline", "cool", "--resamples", "1000"]) == 0
+    text = (tmp_path / "kept" / "intervals.md").read_text()
+    assert "## hot vs cool" in text and "| greedy |" in text and not out.exists()
 
 
 def test_replay_column_is_the_last_train_rows_count_and_shown_only_when_recorded(tmp_path):

@@ -237,3 +237,62 @@ def test_ablate_ci_end_to_end_and_refuses_an_eval_that_is_not_the_runs(tmp_path,
     eval_greedy = _figures(*_outcomes(1))["greedy_accuracy"]
     assert f"1 of 9 figures differ by more than 1e-06: greedy_accuracy: {eval_greedy!r} vs 0.123" in err
     assert not (bad / "out" / "intervals.md").exists()
+
+
+def _write_archived(spec_dir, arm, seed, outcomes, greedy, run_row_edit=None, tokens=100):
+    """A finished run as the archive keeps it when the trainer wrote its per-problem outcomes (train/outcomes.py):
+    config, metrics and the final evaluation's held_out/step2.jsonl; no run folder, checkpoint or eval."""
+    from jaxrl_llm.train import outcomes as held_out
+
+    figures = _figures(outcomes, greedy)
+    record = spec_dir / "archive" / "runs" / arm / f"seed{seed}"
+    record.mkdir(parents=True)
+    (record / "config.yaml").write_text("train: {steps: 2}\n")
+    row = {"step": 2, "kind": "eval", "problems": 5, "rollout_t": 0.5, **figures, **(run_row_edit or {})}
+    rows = [{"step": 1, "kind": "train", "sampled_tokens": tokens, "time_step_s": 1.0 + seed}, row]
+    (record / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (record / "ablation_done.json").write_text("{}\n")
+    items = [(TaskItem(u, f"q {u}", "7", "exact"), [1]) for u in greedy]
+    flags = {0.0: [greedy[u] for u in greedy], **{t: [c for u in greedy for c in outcomes[t][u]] for t in outcomes}}
+    # rewards are not read by the bootstrap: distinct values show that correct flags, not rewards, are counted
+    held_out.write(record, 2, items, {t: (np.arange(len(f)) / 100, np.asarray(f, bool)) for t, f in flags.items()})
+    return figures
+
+
+def test_ablate_ci_reads_the_trainers_own_outcomes_from_the_archive_alone(tmp_path, capsys):
+    """Records whose final evaluation's per-problem outcomes the trainer wrote give the same table as evals of
+    their checkpoints would, from the archive alone (a fresh machine: no run folder, checkpoint or eval); a file
+    whose outcomes do not reproduce the run's row is refused, naming it."""
+    tables = {}
+    for how, writer in (("evals", _write_run), ("archive", _write_archived)):
+        d = tmp_path / how
+        d.mkdir()
+        (d / "base.yaml").write_text("train: {steps: 2}\n")
+        spec = {"base": str(d / "base.yaml"), "seeds": [0, 1], "out_dir": str(d / "out"), "arms": {"grpo": [], "m": []}}
+        if how == "archive":
+            spec["archive"] = str(d / "archive")
+        (d / "spec.yaml").write_text(yaml.safe_dump(spec))
+        for i, arm in enumerate(("grpo", "m")):
+            for s in (0, 1):
+                writer(d, arm, s, *_outcomes(10 * i + s), tokens=100 * (i + 1) + 10 * s)
+        assert cli.main(["ablate-ci", str(d / "spec.yaml"), "--resamples", "2000"]) == 0
+        capsys.readouterr()
+        tables[how] = (d / ("archive" if how == "archive" else "out") / "intervals.md").read_text().replace(str(d), "D")
+    assert not (tmp_path / "archive" / "out").exists()  # nothing was evaluated or written beside the records
+    assert tables["archive"] == tables["evals"] and "| greedy |" in tables["archive"]
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "base.yaml").write_text("train: {steps: 2}\n")
+    (bad / "spec.yaml").write_text(yaml.safe_dump({"base": str(bad / "base.yaml"), "seeds": [0],
+                                                   "out_dir": str(bad / "out"), "archive": str(bad / "archive"),
+                                                   "arms": {"grpo": [], "m": []}}))
+    _write_archived(bad, "grpo", 0, *_outcomes(0))
+    _write_archived(bad, "m", 0, *_outcomes(1), run_row_edit={"rollout_t_pass@4": 0.5})
+    assert cli.main(["ablate-ci", str(bad / "spec.yaml"), "--arms", "m"]) == 1
+    err = capsys.readouterr().err
+    assert f"m seed 0: {bad / 'archive' / 'runs' / 'm' / 'seed0' / 'held_out' / 'step2.jsonl'} vs the run's own " \
+           "evaluation at step 2" in err and "rollout_t_pass@4" in err
+    (bad / "archive" / "runs" / "m" / "seed0" / "held_out" / "step2.jsonl").write_text('{"uid": "u0"}\n')
+    assert cli.main(["ablate-ci", str(bad / "spec.yaml"), "--arms", "m"]) == 1
+    assert "step2.jsonl, line 1: not a held-out outcome row (KeyError" in capsys.readouterr().err

@@ -97,6 +97,22 @@ def test_eval_of_a_step_writes_every_completion_and_matches_the_runs_own_evaluat
     assert {key: summary[key] for key in shared} == {key: figures[key] for key in shared}
 
 
+def test_the_runs_own_per_problem_outcomes_are_what_eval_samples_again(run, step2):
+    """The trainer writes each RL-stage evaluation's per-problem outcomes (train/outcomes.py) as it evaluates:
+    step 2's are, completion for completion, what `jaxrl-llm eval --step 2` samples and scores from the
+    checkpoint (another code path, the same keys)."""
+    from jaxrl_llm.train import outcomes
+
+    _, _, out_dir, _, _ = run
+    _, _, rows = step2
+    assert sorted(p.name for p in (out_dir / outcomes.FOLDER).iterdir()) == ["step0.jsonl", "step2.jsonl"]
+    keys = ("uid", "question", "temperature", "sample", "reward", "correct")
+    mine = outcomes.completion_rows(outcomes.path(out_dir, 2))
+    assert len(mine) == len(rows)
+    assert sorted(tuple(r[k] for k in keys) for r in mine) == sorted(tuple(r[k] for k in keys) for r in rows)
+    assert 0 < sum(r["correct"] for r in mine) < len(mine)
+
+
 def test_eval_of_an_older_step_and_of_an_exported_folder(run, step2, exported, monkeypatch):
     cfg, config, _, _, tmp = run
     monkeypatch.chdir(tmp)  # the default output folder is relative to the working directory
