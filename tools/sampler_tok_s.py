@@ -6,6 +6,7 @@ docs/benchmarks.md). `jaxrl-llm bench sampler` compares against transformers as 
 """
 
 import sys
+
 import jax
 import numpy as np
 
