@@ -273,3 +273,12 @@ def write_gguf(path, cfg, arrays, tok, *, arch="llama", quantized=(), raw_overri
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def done_marker(spec, arm: str, seed: int) -> str:
+    """ablation_done.json's text as the harness writes it when (arm, seed) of `spec` (a Spec or a spec file's path)
+    finishes: the record counts only for the command it was trained by (jaxrl_llm/ablate/spec.py `record`)."""
+    from jaxrl_llm.ablate.spec import load_spec
+
+    spec = load_spec(spec) if isinstance(spec, (str, Path)) else spec
+    return json.dumps({"arm": arm, "seed": seed, "exit_code": 0, "command": spec.command(arm, seed)}) + "\n"

@@ -95,12 +95,15 @@ def ablate(args) -> int:
         arms = _pick(args.arms, list(spec.arms), "arms")
         seeds = _pick(args.seeds, spec.seeds, "seeds", int)
         check_configs(spec, arms)
+        # seed-major order: after each pass over the arms the table compares them on equal seeds
+        cells = [(arm, seed) for seed in seeds for arm in arms]
+        todo = [(a, s) for a, s in cells if spec.record(a, s) is None]
+        for a in spec.arms:  # every record the report will read, not only the runs picked: refused now, not after
+            for s in spec.seeds:
+                spec.record(a, s)
     except (SpecError, ValueError) as e:
         print(f"ablate: error: {e}", file=sys.stderr)
         return 2
-    # seed-major order: after each pass over the arms the table compares them on equal seeds
-    cells = [(arm, seed) for seed in seeds for arm in arms]
-    todo = [(a, s) for a, s in cells if spec.record(a, s) is None]
     if args.dry_run:
         env = " ".join(f"{k}={v}" for k, v in OFFLINE_ENV.items())
         for creates, argv in spec.prepare if todo else ():

@@ -18,6 +18,7 @@ A spec (YAML; relative paths are taken from the working directory, like the trai
 from __future__ import annotations
 
 import difflib
+import json
 import re
 import shlex
 import sys
@@ -54,11 +55,35 @@ class Spec:
         return None if self.archive is None else self.archive / "runs" / arm / f"seed{seed}"
 
     def record(self, arm: str, seed: int) -> Path | None:
-        """The folder holding the run's finished record: its run folder, else its archived copy, else None."""
+        """The folder holding the run's finished record: its run folder, else its archived copy, else None.
+        A record trained by another command than the spec's today (an arm's or the common overrides edited,
+        the base or the seed changed, a folder moved) is refused: counted as finished it would mix two
+        configurations in one arm's figures, and run again it would replace what it records."""
         for d in (self.run_dir(arm, seed), self.archived(arm, seed)):
             if d is not None and (d / DONE).is_file():
+                self._check_record(d, arm, seed)
                 return d
         return None
+
+    def _check_record(self, d: Path, arm: str, seed: int) -> None:
+        try:
+            done = json.loads((d / DONE).read_text())
+            recorded = done["command"]
+            if not isinstance(recorded, list) or not all(isinstance(a, str) for a in recorded):
+                raise TypeError("not a list of strings")
+        except (ValueError, KeyError, TypeError) as e:
+            raise SpecError(f"{self.path}: arm '{arm}', seed {seed}: {d / DONE} is not a finished run's record "
+                            f"({type(e).__name__}: {e})") from None
+        # the interpreter's path (argv[0..2] = python -m jaxrl_llm.cli) differs between machines; the rest may not
+        want, got = self.command(arm, seed)[3:], recorded[3:]
+        if got != want:
+            added = [a for a in want if a not in got]
+            dropped = [a for a in got if a not in want]
+            what = (f"the spec now adds {added} and drops {dropped}" if added or dropped
+                    else f"the same arguments in another order: {shlex.join(got)}")
+            raise SpecError(f"{self.path}: arm '{arm}', seed {seed}: the record {d} was trained by another command "
+                            f"than the spec gives today ({what}). Restore the spec, or give the changed arm a new "
+                            f"name (or the spec a new out_dir and archive) so that both stay what they are.")
 
     def run_overrides(self, arm: str, seed: int) -> list[str]:
         return [*self.overrides, *self.arms[arm], f"train.seed={seed}", f"train.out_dir={self.run_dir(arm, seed)}"]

@@ -20,7 +20,7 @@ import yaml
 
 from jaxrl_llm import cli
 from jaxrl_llm.ablate import command, grid as grid_mod, records, report, spec as spec_mod
-from tests.helpers import CACHE_DIR, FAST_COMPILE
+from tests.helpers import CACHE_DIR, FAST_COMPILE, done_marker
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,8 +41,10 @@ def _write_spec(tmp_path, text: str, base: str = "train: {steps: 2}\n") -> Path:
     return path
 
 
-def _write_run(run_dir: Path, steps: int, evals: list[tuple[int, dict]], train: list[dict], done=True, extra=()):
-    """A run folder as the trainer and harness leave it: config.yaml, metrics.jsonl, ablation_done.json."""
+def _write_run(spec, arm: str, seed: int, steps: int, evals: list[tuple[int, dict]], train: list[dict], done=True,
+               extra=()):
+    """(arm, seed)'s run folder as the trainer and harness leave it: config.yaml, metrics.jsonl, ablation_done.json."""
+    run_dir = spec.run_dir(arm, seed)
     run_dir.mkdir(parents=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump({"train": {"steps": steps}}))
     rows = [{"step": 0, "kind": "eval_before_sft", "greedy_accuracy": 0.99}, {"step": 3, "kind": "sft", "nll": 1.0}]
@@ -51,7 +53,7 @@ def _write_run(run_dir: Path, steps: int, evals: list[tuple[int, dict]], train: 
     rows += [{"step": s, "kind": "eval", **m} for s, m in evals[1:]] + list(extra)
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     if done:
-        (run_dir / spec_mod.DONE).write_text("{}\n")
+        (run_dir / spec_mod.DONE).write_text(done_marker(spec, arm, seed))
 
 
 def _eval(greedy, sampled, never, ks, time_eval=0.25):
@@ -73,15 +75,15 @@ def grid(tmp_path):
     for seed, (g0, g, p8) in enumerate([(0.1, 0.5, 0.9), (0.2, 0.6, 0.8), (0.3, 0.7, 1.0)]):
         ks = {1: g / 2, 2: g / 2 + 0.1, 4: g / 2 + 0.2, 8: p8}
         stale = (3, _eval(0.0, 0.0, 1.0, ks))  # an earlier row at the final step: the later one wins
-        _write_run(spec.run_dir("a", seed), 3, [(0, _eval(g0, g0 / 2, 0.5, {1: g0 / 2, 8: 0.4})), stale,
+        _write_run(spec, "a", seed, 3, [(0, _eval(g0, g0 / 2, 0.5, {1: g0 / 2, 8: 0.4})), stale,
                                                 (3, _eval(g, g / 2, 0.1 * seed, ks))], train)
     for seed, g in enumerate([0.2, 0.4]):
         rows = [dict(t) for t in train]
         if seed == 1:
             del rows[1]["sampled_tokens"]
-        _write_run(spec.run_dir("b", seed), 3, [(0, _eval(0.0, 0.0, 1.0, {1: 0.0, 2: 0.0})),
+        _write_run(spec, "b", seed, 3, [(0, _eval(0.0, 0.0, 1.0, {1: 0.0, 2: 0.0})),
                                                 (3, _eval(g, g, 0.5, {1: g, 2: g + 0.2}))], rows)
-    _write_run(spec.run_dir("b", 2), 3, [(0, _eval(0.0, 0.0, 1.0, {}))], train[:1], done=False)
+    _write_run(spec, "b", 2, 3, [(0, _eval(0.0, 0.0, 1.0, {}))], train[:1], done=False)
     return spec
 
 
@@ -227,7 +229,7 @@ class _FakeTrainer:
 def test_finished_runs_are_skipped_and_failures_reported(tmp_path, monkeypatch, capsys):
     path = _write_spec(tmp_path, "base: BASE\nseeds: [0, 1]\nout_dir: OUT\narms: {a: [], b: []}\n")
     spec = spec_mod.load_spec(path)
-    _write_run(spec.run_dir("a", 0), 2, [(0, _eval(0, 0, 1, {})), (2, _eval(1, 1, 0, {}))], [{}, {}])
+    _write_run(spec, "a", 0, 2, [(0, _eval(0, 0, 1, {})), (2, _eval(1, 1, 0, {}))], [{}, {}])
 
     assert run_tool("ablate.py", [str(path), "--dry-run"], monkeypatch) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -259,7 +261,7 @@ def test_finished_runs_are_skipped_and_failures_reported(tmp_path, monkeypatch, 
     assert not (spec.run_dir("a", 1) / "ablation_done.json").exists()
     md = (spec.out_dir / "results.md").read_text()
     assert "- a seed 1: unfinished or failed" in md and "- b seed 1: unfinished or failed" in md
-    (spec.run_dir("a", 1) / "ablation_done.json").write_text("{}\n")  # a marker alone does not make it count
+    (spec.run_dir("a", 1) / "ablation_done.json").write_text(done_marker(spec, "a", 1))  # a marker alone does not make it count
     assert ("a", 1, "marked done, but no eval row at step 2 (last eval step: 1)") in records.collect(spec)[1]
     (spec.run_dir("a", 1) / "ablation_done.json").unlink()
 
@@ -358,8 +360,8 @@ def test_end_to_end_two_arms_through_the_real_trainer(tmp_path, monkeypatch, cap
 def test_replay_column_is_the_last_train_rows_count_and_shown_only_when_recorded(tmp_path):
     spec = spec_mod.load_spec(_write_spec(tmp_path, SPEC.replace("seeds: [0, 1, 2]", "seeds: [0]")))
     ev = [(0, _eval(0.1, 0.1, 0.5, {1: 0.1})), (2, _eval(0.2, 0.2, 0.4, {1: 0.2}))]
-    _write_run(spec.run_dir("a", 0), 2, ev, [{"sampled_tokens": 5, "time_step_s": 1.0}] * 2)
-    _write_run(spec.run_dir("b", 0), 2, ev, [{"sampled_tokens": 5, "time_step_s": 1.0,
+    _write_run(spec, "a", 0, 2, ev, [{"sampled_tokens": 5, "time_step_s": 1.0}] * 2)
+    _write_run(spec, "b", 0, 2, ev, [{"sampled_tokens": 5, "time_step_s": 1.0,
                                               "rrl_solved_first_via_replay": n} for n in (2, 7)])
     runs, missing = records.collect(spec)
     summaries = {r.arm: records.run_summary(r.rows, r.steps)["final"] for r in runs}
@@ -378,7 +380,7 @@ def test_reward_columns_are_shown_only_where_rewards_are_graded(tmp_path):
     graded = {"greedy_reward_mean": 0.55, "sampled_reward_mean": 0.45}
     for arm, rewards in (("a", binary), ("b", graded)):
         ev = [(0, {**_eval(0.1, 0.1, 0.5, {1: 0.1}), **start}), (2, {**_eval(0.2, 0.2, 0.4, {1: 0.2}), **rewards})]
-        _write_run(spec.run_dir(arm, 0), 2, ev, [{"sampled_tokens": 5, "time_step_s": 1.0}] * 2)
+        _write_run(spec, arm, 0, 2, ev, [{"sampled_tokens": 5, "time_step_s": 1.0}] * 2)
     runs, missing = records.collect(spec)
     summaries = {r.arm: records.run_summary(r.rows, r.steps) for r in runs}
     assert "greedy_reward_mean" not in summaries["a"]["final"] and "greedy_reward_mean" not in summaries["b"]["start"]
@@ -427,6 +429,42 @@ def test_archived_records_carry_a_grid_over_to_a_fresh_checkout(tmp_path, monkey
     assert "Missing" not in (kept / "results.md").read_text()
     runs, missing = records.collect(spec)
     assert missing == [] and sorted((r.arm, r.seed) for r in runs) == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
+
+
+def test_a_record_trained_by_another_command_than_the_spec_gives_is_refused(tmp_path, monkeypatch, capsys):
+    """An arm's overrides edited after its runs finished: counted as finished, its records would mix two
+    configurations in one arm; run again, they would be replaced. Every command that reads records refuses,
+    naming the spec, arm, seed, record and what changed, and trains nothing."""
+    kept = tmp_path / "kept"
+    text = f"base: BASE\nseeds: [0]\nout_dir: OUT\narms: {{a: [], b: [rollout.temperature=0.5]}}\narchive: {kept}\n"
+    path = _write_spec(tmp_path, text)
+    launched = []
+
+    def fake_launch(spec, arm, seed):
+        launched.append((arm, seed))
+        return _FakeTrainer(spec.run_dir(arm, seed), 2, 2, 0)
+
+    monkeypatch.setattr(grid_mod, "launch", fake_launch)
+    assert command.main([str(path)]) == 0 and launched == [("a", 0), ("b", 0)]
+    shutil.rmtree(tmp_path / "out")  # the archive alone, as on a fresh machine
+    assert command.main([str(path), "--report-only"]) == 0  # unchanged spec: the records count
+
+    path.write_text(text.replace("BASE", str(tmp_path / "base.yaml")).replace("OUT", str(tmp_path / "out"))
+                    .replace("rollout.temperature=0.5", "rollout.temperature=0.7"))
+    capsys.readouterr()
+    launched.clear()
+    for argv in ([str(path)], [str(path), "--arms", "a"], [str(path), "--dry-run"], [str(path), "--report-only"]):
+        assert command.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert f"{path}: arm 'b', seed 0: the record {kept / 'runs' / 'b' / 'seed0'} was trained by another command" \
+            in err and "adds ['rollout.temperature=0.7'] and drops ['rollout.temperature=0.5']" in err, err
+    assert launched == []
+    assert cli.main(["ablate-ci", str(path), "--baseline", "a"]) == 2 and "arm 'b', seed 0" in capsys.readouterr().err
+    # a marker that is not the harness's (hand-made, truncated) is refused as well, not counted
+    (kept / "runs" / "a" / "seed0" / spec_mod.DONE).write_text("{}\n")
+    with pytest.raises(spec_mod.SpecError, match=r"arm 'a', seed 0: .*ablation_done.json is not a finished run's "
+                                                  r"record \(KeyError"):
+        spec_mod.load_spec(path).record("a", 0)
 
 
 @pytest.mark.parametrize("text, error", [
@@ -487,7 +525,7 @@ def test_explorer_section_weights_each_steps_rate_by_its_count(tmp_path):
     spec = spec_mod.load_spec(_write_spec(tmp_path, SPEC.replace("seeds: [0, 1, 2]", "seeds: [0]")))
     ev = [(0, _eval(0.1, 0.1, 0.5, {1: 0.1})), (3, _eval(0.2, 0.2, 0.4, {1: 0.2}))]
     base = {"sampled_tokens": 5, "time_step_s": 1.0}
-    _write_run(spec.run_dir("a", 0), 3, ev, [base] * 3)
+    _write_run(spec, "a", 0, 3, ev, [base] * 3)
     rrl = [{"rrl_replay_rows": 16, "rrl_continuation_success": 12 / 16, "rrl_fresh_success_same_prompts": 0.25},
            {"rrl_replay_rows": 0},
            {"rrl_replay_rows": 4, "rrl_continuation_success": 0.0, "rrl_fresh_success_same_prompts": math.nan}]
@@ -496,7 +534,7 @@ def test_explorer_section_weights_each_steps_rate_by_its_count(tmp_path):
             {"herl_revisions": 0, "herl_candidates": 0, "herl_sampled_tokens": 0},
             {"herl_revisions": 4, "herl_candidates": 1, "herl_revision_success": 1.0, "herl_bonus_mean": 0.4,
              "herl_sampled_tokens": 100}]
-    _write_run(spec.run_dir("b", 0), 3, ev, [{**base, **r, **h} for r, h in zip(rrl, herl)])
+    _write_run(spec, "b", 0, 3, ev, [{**base, **r, **h} for r, h in zip(rrl, herl)])
     runs, missing = records.collect(spec)
     e = {r.arm: records.explorer_summary(r.rows) for r in runs}
     assert e["a"] == {}

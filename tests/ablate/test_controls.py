@@ -13,6 +13,7 @@ import yaml
 from jaxrl_llm import cli
 from jaxrl_llm.ablate import controls
 from jaxrl_llm.ablate.records import RunData
+from tests.helpers import done_marker
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -97,7 +98,7 @@ def test_ablate_check_reports_finished_runs_per_arm_and_lists_the_rest(tmp_path,
     rows = [{"step": 0, "kind": "eval"}, *({"step": i + 1, "kind": "train", **r} for i, r in enumerate(RRL_ROWS)),
             {"step": 2, "kind": "eval"}]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (run_dir / "ablation_done.json").write_text("{}\n")
+    (run_dir / "ablation_done.json").write_text(done_marker(spec_path, "rrl", 0))
 
     out = tmp_path / "controls.md"
     assert cli.main(["ablate-check", str(spec_path), "--out", str(out)]) == 0

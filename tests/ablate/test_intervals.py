@@ -15,6 +15,7 @@ from scipy.stats import ttest_ind
 from jaxrl_llm import cli
 from jaxrl_llm.ablate import intervals
 from jaxrl_llm.data.types import TaskItem
+from tests.helpers import done_marker
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -187,7 +188,7 @@ def _write_run(spec_dir, arm, seed, outcomes, greedy, run_row_edit=None, tokens=
     row = {"step": 2, "kind": "eval", "problems": 5, **figures, **(run_row_edit or {})}
     rows = [{"step": 1, "kind": "train", "sampled_tokens": tokens, "time_step_s": 1.0 + seed}, row]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (run_dir / "ablation_done.json").write_text("{}\n")
+    (run_dir / "ablation_done.json").write_text(done_marker(spec_dir / "spec.yaml", arm, seed))
     out = spec_dir / "out" / "eval" / arm / f"seed{seed}"
     out.mkdir(parents=True)
     summary = {"step": 2, "problems": 5, "rollout_t": 0.5, "pass_k": [1, 2, 4], **figures}
@@ -251,7 +252,7 @@ def _write_archived(spec_dir, arm, seed, outcomes, greedy, run_row_edit=None, to
     row = {"step": 2, "kind": "eval", "problems": 5, "rollout_t": 0.5, **figures, **(run_row_edit or {})}
     rows = [{"step": 1, "kind": "train", "sampled_tokens": tokens, "time_step_s": 1.0 + seed}, row]
     (record / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (record / "ablation_done.json").write_text("{}\n")
+    (record / "ablation_done.json").write_text(done_marker(spec_dir / "spec.yaml", arm, seed))
     items = [(TaskItem(u, f"q {u}", "7", "exact"), [1]) for u in greedy]
     flags = {0.0: [greedy[u] for u in greedy], **{t: [c for u in greedy for c in outcomes[t][u]] for t in outcomes}}
     # rewards are not read by the bootstrap: distinct values show that correct flags, not rewards, are counted
