@@ -57,7 +57,7 @@ class Spec:
     def record(self, arm: str, seed: int) -> Path | None:
         """The folder holding the run's finished record: its run folder, else its archived copy, else None.
         A record trained by another command than the spec's today (an arm's or the common overrides edited,
-        the base or the seed changed, a folder moved) is refused: counted as finished it would mix two
+        the base or the seed changed, a record copied to another arm's folder) is refused: counted as finished it would mix two
         configurations in one arm's figures, and run again it would replace what it records."""
         for d in (self.run_dir(arm, seed), self.archived(arm, seed)):
             if d is not None and (d / DONE).is_file():
@@ -74,8 +74,12 @@ class Spec:
         except (ValueError, KeyError, TypeError) as e:
             raise SpecError(f"{self.path}: arm '{arm}', seed {seed}: {d / DONE} is not a finished run's record "
                             f"({type(e).__name__}: {e})") from None
-        # the interpreter's path (argv[0..2] = python -m jaxrl_llm.cli) differs between machines; the rest may not
-        want, got = self.command(arm, seed)[3:], recorded[3:]
+        # the interpreter's path (argv[0..2] = python -m jaxrl_llm.cli) differs between machines, and out_dir may
+        # move (to a bigger disk) without changing what a run trains; the rest may not differ
+        def what_trains(argv):
+            return [a for a in argv[3:] if not a.startswith("train.out_dir=")]
+
+        want, got = what_trains(self.command(arm, seed)), what_trains(recorded)
         if got != want:
             added = [a for a in want if a not in got]
             dropped = [a for a in got if a not in want]

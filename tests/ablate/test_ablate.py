@@ -448,6 +448,9 @@ def test_a_record_trained_by_another_command_than_the_spec_gives_is_refused(tmp_
     assert command.main([str(path)]) == 0 and launched == [("a", 0), ("b", 0)]
     shutil.rmtree(tmp_path / "out")  # the archive alone, as on a fresh machine
     assert command.main([str(path), "--report-only"]) == 0  # unchanged spec: the records count
+    moved = text.replace("out_dir: OUT", f"out_dir: {tmp_path / 'elsewhere'}")
+    _write_spec(tmp_path, moved)
+    assert command.main([str(path), "--dry-run"]) == 0 and launched == [("a", 0), ("b", 0)]  # out_dir may move
 
     path.write_text(text.replace("BASE", str(tmp_path / "base.yaml")).replace("OUT", str(tmp_path / "out"))
                     .replace("rollout.temperature=0.5", "rollout.temperature=0.7"))
