@@ -68,6 +68,9 @@ def add_ci_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=0, help="the bootstrap's random seed")
     p.add_argument("--by-difficulty", action="store_true",
                    help="also one table per difficulty group of the held-out problems (where the items carry one)")
+    p.add_argument("--seeds-only", action="store_true",
+                   help="Welch t intervals over seeds from the runs' final evaluation rows, for records without "
+                        "per-problem outcomes (seed_intervals.py); written to intervals_seeds.md")
 
 
 def _pick(text: str | None, known, what: str, parse=str) -> list:
@@ -150,6 +153,8 @@ def check(args) -> int:
 
 
 def intervals(args) -> int:
+    if args.seeds_only:
+        return seeds_only(args)
     line = shlex.join(["jaxrl-llm", "ablate-ci", str(args.spec), "--baseline", args.baseline,
                        *(["--arms", args.arms] if args.arms else []), "--resamples", str(args.resamples),
                        "--seed", str(args.seed), *(["--by-difficulty"] if args.by_difficulty else [])])
@@ -162,6 +167,25 @@ def intervals(args) -> int:
     except ci.EvalMismatch as e:
         print(f"ablate-ci: error: THE EVAL IS NOT THE RUN'S: {e}", file=sys.stderr)
         return 1
+    except SpecError as e:
+        print(f"ablate-ci: error: {e}", file=sys.stderr)
+        return 2
+    print(text)
+    print(path, file=sys.stderr)
+    return 0
+
+
+def seeds_only(args) -> int:
+    from jaxrl_llm.ablate import seed_intervals
+
+    line = shlex.join(["jaxrl-llm", "ablate-ci", str(args.spec), "--baseline", args.baseline,
+                       *(["--arms", args.arms] if args.arms else []), "--seeds-only"])
+    try:
+        if args.by_difficulty:
+            raise SpecError("--seeds-only compares the runs' whole-eval figures; --by-difficulty needs per-problem "
+                            "outcomes")
+        spec = load_spec(args.spec)
+        text, path = seed_intervals.run(spec, ci.parse_pairs(args.arms, args.baseline, spec), line)
     except SpecError as e:
         print(f"ablate-ci: error: {e}", file=sys.stderr)
         return 2

@@ -57,8 +57,8 @@ class Spec:
     def record(self, arm: str, seed: int) -> Path | None:
         """The folder holding the run's finished record: its run folder, else its archived copy, else None.
         A record trained by another command than the spec's today (an arm's or the common overrides edited,
-        the base or the seed changed, a record copied to another arm's folder) is refused: counted as finished it would mix two
-        configurations in one arm's figures, and run again it would replace what it records."""
+        the base or the seed changed, a record copied to another arm's folder) is refused: counted as finished
+        it would mix two configurations in one arm's figures, and run again it would replace what it records."""
         for d in (self.run_dir(arm, seed), self.archived(arm, seed)):
             if d is not None and (d / DONE).is_file():
                 self._check_record(d, arm, seed)

@@ -261,7 +261,8 @@ def test_finished_runs_are_skipped_and_failures_reported(tmp_path, monkeypatch, 
     assert not (spec.run_dir("a", 1) / "ablation_done.json").exists()
     md = (spec.out_dir / "results.md").read_text()
     assert "- a seed 1: unfinished or failed" in md and "- b seed 1: unfinished or failed" in md
-    (spec.run_dir("a", 1) / "ablation_done.json").write_text(done_marker(spec, "a", 1))  # a marker alone does not make it count
+    # a marker alone does not make it count
+    (spec.run_dir("a", 1) / "ablation_done.json").write_text(done_marker(spec, "a", 1))
     assert ("a", 1, "marked done, but no eval row at step 2 (last eval step: 1)") in records.collect(spec)[1]
     (spec.run_dir("a", 1) / "ablation_done.json").unlink()
 
