@@ -230,7 +230,8 @@ def evaluate_run(spec: Spec, arm: str, seed: int, record: Path, log=print) -> Ru
         run_dir = spec.run_dir(arm, seed)
         if not (run_dir / "checkpoints" / str(steps)).is_dir():
             raise SpecError(f"{arm} seed {seed}: no checkpoint of step {steps} in {run_dir / 'checkpoints'} to "
-                            f"evaluate (and no eval of it in {out})")
+                            f"evaluate (and no eval of it in {out}, no per-problem outcomes in its record); "
+                            f"--seeds-only compares the runs' final evaluation rows over seeds without them")
         cmd = [sys.executable, "-m", "jaxrl_llm.cli", "eval", "--config", str(run_dir / "config.yaml"),
                "--step", str(steps), "--out", str(out)]
         log(f"evaluating {arm} seed {seed} at step {steps} -> {out}")

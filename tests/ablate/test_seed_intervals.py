@@ -92,6 +92,10 @@ def test_seeds_only_end_to_end_from_the_records_rows(tmp_path, capsys):
     assert "| greedy | 0.300 | 0.150 ± 0.050 | +0.150 | n/a | n/a | n/a | n/a |" in text  # n: one seed
     assert "- n seed 1: not finished" in text and "- n seed 2: not finished" in text
 
+    # without --seeds-only: no per-problem outcomes, no checkpoint to evaluate; the error points here
+    assert cli.main(["ablate-ci", str(tmp_path / "spec.yaml"), "--resamples", "1000"]) == 2
+    err = capsys.readouterr().err
+    assert "m seed 0: no checkpoint of step 2" in err and "--seeds-only compares" in err, err
     assert cli.main(["ablate-ci", str(tmp_path / "spec.yaml"), "--seeds-only", "--by-difficulty"]) == 2
     assert "--by-difficulty needs per-problem outcomes" in capsys.readouterr().err
     # a record whose final step has no eval row is named, not read as a zero
