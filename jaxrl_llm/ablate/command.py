@@ -37,6 +37,9 @@ def add_ablate_arguments(p) -> None:
     p.add_argument("--report-only", action="store_true", help="no runs: write the report from what finished")
     p.add_argument("--dry-run", action="store_true", help="print the commands of the unfinished runs, run nothing")
     p.add_argument("--parallel", type=int, default=1, help="runs at a time (each trainer uses every core)")
+    p.add_argument("--stop-by", metavar="WHEN",
+                   help="start no run expected to end after WHEN: a duration from now (90m, 2h30m) or a local time "
+                        "(2026-12-07T06:50, or 06:50 today); the estimate is the arm's longest finished run")
 
 
 def add_check_arguments(p) -> None:
@@ -73,6 +76,32 @@ def add_ci_arguments(p) -> None:
                         "per-problem outcomes (seed_intervals.py); written to intervals_seeds.md")
 
 
+def parse_deadline(text: str, now: float | None = None) -> float:
+    """--stop-by: `90m`, `2h30m`, `45s` from now, or a local time `YYYY-MM-DDTHH:MM[:SS]` / `HH:MM` (today); as a
+    time.time() value. A time of day already past is refused rather than read as tomorrow."""
+    import re
+    import time
+    from datetime import datetime
+
+    now = time.time() if now is None else now
+    m = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", text.strip())
+    if m and any(m.groups()):
+        h, mi, s = (int(g or 0) for g in m.groups())
+        return now + 3600 * h + 60 * mi + s
+    try:
+        if re.fullmatch(r"\d{1,2}:\d{2}", text.strip()):
+            hh, mm = map(int, text.strip().split(":"))
+            when = datetime.fromtimestamp(now).replace(hour=hh, minute=mm, second=0, microsecond=0)
+        else:
+            when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise SpecError(f"--stop-by {text!r}: give a duration (90m, 2h30m, 45s) or a local time "
+                        f"(2026-12-07T06:50, 06:50)") from None
+    if when.timestamp() <= now:
+        raise SpecError(f"--stop-by {text!r}: {when.isoformat(timespec='minutes')} has passed")
+    return when.timestamp()
+
+
 def _pick(text: str | None, known, what: str, parse=str) -> list:
     if text is None:
         return list(known)
@@ -98,6 +127,7 @@ def ablate(args) -> int:
         arms = _pick(args.arms, list(spec.arms), "arms")
         seeds = _pick(args.seeds, spec.seeds, "seeds", int)
         check_configs(spec, arms)
+        deadline = parse_deadline(args.stop_by) if args.stop_by else None
         # seed-major order: after each pass over the arms the table compares them on equal seeds
         cells = [(arm, seed) for seed in seeds for arm in arms]
         todo = [(a, s) for a, s in cells if spec.record(a, s) is None]
@@ -126,7 +156,7 @@ def ablate(args) -> int:
     if stopped is not None:
         print(f"stopped by signal {stopped} while preparing; run the same command to resume.", file=sys.stderr)
         return 128 + stopped
-    failed, stopped = run_grid(spec, todo, args.parallel, already=len(cells) - len(todo))
+    failed, stopped, left = run_grid(spec, todo, args.parallel, already=len(cells) - len(todo), deadline=deadline)
     if stopped is not None:
         print(f"stopped by signal {stopped}; the running trainer checkpointed. Run the same command to resume.",
               file=sys.stderr)
@@ -135,6 +165,9 @@ def ablate(args) -> int:
         print(path)
     for arm, seed, why in failed:
         print(f"failed: {arm} seed {seed}: {why} ({spec.run_dir(arm, seed) / LOG})", file=sys.stderr)
+    for arm, seed, need in left:
+        print(f"not started: {arm} seed {seed} (expected {need / 60:.0f} min, past --stop-by {args.stop_by})",
+              file=sys.stderr)
     return 1 if failed else 0
 
 

@@ -5,6 +5,11 @@ train.steps gets ablation_done.json and its record archived; rerunning resumes u
 checkpoints and skips finished ones. Ctrl-C / SIGTERM is forwarded to the running trainer, which checkpoints
 and exits; then the harness stops.
 
+With a deadline (`--stop-by`), a run whose estimated time would pass it is not started (a run cut off by the
+end of a machine's lease loses what it computed since its last checkpoint): the estimate is the longest time a
+finished run of the same arm took (its done marker's elapsed_s, else its steps' and evaluations' wall time),
+else that of any arm; a grid with no finished run starts its runs, saying it cannot estimate.
+
 A spec's `prepare` commands (e.g. one shared SFT warm start that every arm loads through model.name) run
 each once, before the first run, only while the path each `creates` is missing; output goes to
 <out_dir>/prepare.log and a signal reaches them like a run.
@@ -22,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from jaxrl_llm.ablate.records import archive_run, final_eval_problem, run_steps
+from jaxrl_llm.ablate.records import archive_run, final_eval_problem, load_rows, run_steps, run_summary
 from jaxrl_llm.ablate.spec import DONE, LOG, Spec
 
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -88,19 +93,51 @@ def run_prepare(spec: Spec) -> tuple[str | None, int | None]:
     return None, None
 
 
-def run_grid(spec: Spec, todo: list[tuple[str, int]], parallel: int = 1, already: int = 0) -> tuple[list, int | None]:
+def run_seconds(spec: Spec, arm: str) -> float | None:
+    """How long a run of `arm` is expected to take: the longest finished run of the arm, else of any arm (done
+    marker's elapsed_s, or the run's steps' and evaluations' wall time where it is larger); None without one."""
+    def took(arm_, seed):
+        record = spec.record(arm_, seed)
+        if record is None:
+            return None
+        elapsed = json.loads((record / DONE).read_text()).get("elapsed_s")
+        steps = run_steps(record)
+        summary = run_summary(load_rows(record / "metrics.jsonl"), steps) if steps else None
+        wall = summary["final"].get("wall_s") if summary else None
+        known = [float(t) for t in (elapsed, wall) if isinstance(t, (int, float))]
+        return max(known) if known else None
+
+    for arms in ([arm], list(spec.arms)):
+        times = [t for a in arms for s in spec.seeds if (t := took(a, s)) is not None]
+        if times:
+            return max(times)
+    return None
+
+
+def run_grid(spec: Spec, todo: list[tuple[str, int]], parallel: int = 1, already: int = 0,
+             deadline: float | None = None) -> tuple[list, int | None, list]:
     """Train the (arm, seed) runs of `todo`, `parallel` at a time; the progress bar also counts the
-    `already` finished runs of the grid. Returns the failures as (arm, seed, why) and the signal that
-    stopped the grid (None if it ran through)."""
+    `already` finished runs of the grid. With `deadline` (a time.time() value) a run expected to end after it
+    is not started. Returns the failures as (arm, seed, why), the signal that stopped the grid (None if it ran
+    through) and the runs left for the deadline as (arm, seed, estimated seconds)."""
     from tqdm import tqdm
 
-    pending, running, failed = list(todo), {}, []
+    pending, running, failed, started, left = list(todo), {}, [], {}, []
     bar = tqdm(total=len(todo) + already, initial=already, desc="ablation", unit="run")
     with _forwarding(lambda: list(running.values())) as stopped:
         try:
             while running or (pending and not stopped):
                 while pending and not stopped and len(running) < parallel:
                     arm, seed = pending.pop(0)
+                    if deadline is not None:
+                        need = run_seconds(spec, arm)
+                        if need is None:
+                            tqdm.write(f"--stop-by: no finished run to estimate {arm} seed {seed} from; starting it",
+                                       file=sys.stderr)
+                        elif time.time() + need > deadline:
+                            left.append((arm, seed, need))
+                            continue
+                    started[arm, seed] = time.time()
                     running[arm, seed] = launch(spec, arm, seed)
                     bar.set_description(", ".join(f"{a}/seed{s}" for a, s in running))
                 time.sleep(0.2)
@@ -114,7 +151,9 @@ def run_grid(spec: Spec, todo: list[tuple[str, int]], parallel: int = 1, already
                     if why is None:
                         (run_dir / DONE).write_text(json.dumps(
                             {"arm": arm, "seed": seed, "steps": run_steps(run_dir), "exit_code": rc,
-                             "command": spec.command(arm, seed), "finished": time.strftime("%Y-%m-%d %H:%M:%S")},
+                             "command": spec.command(arm, seed), "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+                             # this attempt's start to exit (a resumed run's earlier attempts are not in it)
+                             "elapsed_s": round(time.time() - started[arm, seed], 1)},
                             indent=1) + "\n")
                         archive_run(spec, arm, seed)
                     elif not stopped:
@@ -126,4 +165,4 @@ def run_grid(spec: Spec, todo: list[tuple[str, int]], parallel: int = 1, already
                         bar.set_postfix(failed=len(failed))
         finally:
             bar.close()
-    return failed, (stopped[0] if stopped else None)
+    return failed, (stopped[0] if stopped else None), left

@@ -293,8 +293,8 @@ def test_a_signal_is_forwarded_to_the_trainer_and_stops_the_grid(tmp_path, monke
 
     threading.Thread(target=kill_when_ready, daemon=True).start()
     t0 = time.monotonic()
-    failed, stopped = grid_mod.run_grid(spec, [("a", 0), ("b", 0)])
-    assert stopped == signal.SIGTERM and failed == [] and time.monotonic() - t0 < 30
+    failed, stopped, left = grid_mod.run_grid(spec, [("a", 0), ("b", 0)])
+    assert stopped == signal.SIGTERM and failed == [] and left == [] and time.monotonic() - t0 < 30
     assert got.read_text() == "term" and not spec.run_dir("b", 0).exists()  # b never started
     assert where.read_text() == str(tmp_path / "wd")
     assert not (spec.run_dir("a", 0) / "ablation_done.json").exists()
@@ -469,6 +469,60 @@ def test_a_record_trained_by_another_command_than_the_spec_gives_is_refused(tmp_
     with pytest.raises(spec_mod.SpecError, match=r"arm 'a', seed 0: .*ablation_done.json is not a finished run's "
                                                   r"record \(KeyError"):
         spec_mod.load_spec(path).record("a", 0)
+
+
+def test_stop_by_parses_durations_and_local_times_and_refuses_the_past_and_junk():
+    from datetime import datetime
+
+    now = datetime(2026, 12, 7, 5, 0, 0).timestamp()
+    assert command.parse_deadline("90m", now) == now + 5400
+    assert command.parse_deadline("2h30m", now) == now + 9000 and command.parse_deadline("45s", now) == now + 45
+    assert command.parse_deadline("06:50", now) == datetime(2026, 12, 7, 6, 50).timestamp()
+    assert command.parse_deadline("2026-12-08T01:02:03", now) == datetime(2026, 12, 8, 1, 2, 3).timestamp()
+    for text, error in (("04:59", "has passed"), ("2026-12-07T04:00", "has passed"), ("soon", "give a duration"),
+                        ("", "give a duration"), ("25:00", "give a duration")):
+        with pytest.raises(spec_mod.SpecError, match=error):
+            command.parse_deadline(text, now)
+
+
+def test_stop_by_starts_no_run_expected_to_end_after_it(tmp_path, monkeypatch, capsys):
+    """Estimates from the arm's own longest finished run (its marker's elapsed_s), else any arm's; a run that
+    finishes records how long it took; runs left for the deadline are listed and the grid exits 0."""
+    path = _write_spec(tmp_path, "base: BASE\nseeds: [0, 1, 2]\nout_dir: OUT\narms: {a: [], b: [], c: []}\n")
+    spec = spec_mod.load_spec(path)
+    ev = [(0, _eval(0, 0, 1, {})), (2, _eval(1, 1, 0, {}))]
+    for arm, took in (("a", 100.0), ("b", 1000.0)):
+        _write_run(spec, arm, 0, 2, ev, [{"time_step_s": 1.0}] * 2)
+        done = json.loads((spec.run_dir(arm, 0) / spec_mod.DONE).read_text())
+        (spec.run_dir(arm, 0) / spec_mod.DONE).write_text(json.dumps({**done, "elapsed_s": took}))
+    assert grid_mod.run_seconds(spec, "a") == 100.0 and grid_mod.run_seconds(spec, "b") == 1000.0
+    assert grid_mod.run_seconds(spec, "c") == 1000.0  # no run of its own: the longest of any arm
+    launched = []
+
+    def fake_launch(spec, arm, seed):
+        launched.append((arm, seed))
+        return _FakeTrainer(spec.run_dir(arm, seed), 2, 2, 0)
+
+    monkeypatch.setattr(grid_mod, "launch", fake_launch)
+    assert command.main([str(path), "--seeds", "1", "--stop-by", "8m20s"]) == 0  # 500 s: a's 100 fit, b's 1000 not
+    assert launched == [("a", 1)]
+    err = capsys.readouterr().err
+    assert "not started: b seed 1 (expected 17 min, past --stop-by 8m20s)" in err
+    assert "not started: c seed 1 (expected 17 min" in err
+    done = json.loads((spec.run_dir("a", 1) / spec_mod.DONE).read_text())
+    assert 0 <= done["elapsed_s"] < 30 and done["command"] == spec.command("a", 1)
+    launched.clear()
+    assert command.main([str(path), "--seeds", "1", "--stop-by", "1h"]) == 0
+    assert launched == [("b", 1), ("c", 1)]
+    # a wall time recorded in metrics larger than the marker's elapsed_s (a resumed run) is the estimate
+    shutil.rmtree(spec.out_dir)
+    _write_run(spec, "a", 0, 2, ev, [{"time_step_s": 300.0}] * 2)
+    assert grid_mod.run_seconds(spec, "a") == 600.5 == grid_mod.run_seconds(spec, "b")  # 2 x 300 s + 2 evals x 0.25
+    shutil.rmtree(spec.out_dir)
+    launched.clear()
+    assert command.main([str(path), "--seeds", "0", "--stop-by", "1m"]) == 0  # nothing to estimate from: runs start
+    assert launched == [("a", 0), ("b", 0), ("c", 0)]
+    assert "no finished run to estimate a seed 0 from; starting it" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("text, error", [
