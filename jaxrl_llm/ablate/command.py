@@ -186,39 +186,28 @@ def check(args) -> int:
 
 
 def intervals(args) -> int:
-    if args.seeds_only:
-        return seeds_only(args)
+    from jaxrl_llm.ablate import seed_intervals
+
+    how = ["--seeds-only"] if args.seeds_only else ["--resamples", str(args.resamples), "--seed", str(args.seed),
+                                                    *(["--by-difficulty"] if args.by_difficulty else [])]
     line = shlex.join(["jaxrl-llm", "ablate-ci", str(args.spec), "--baseline", args.baseline,
-                       *(["--arms", args.arms] if args.arms else []), "--resamples", str(args.resamples),
-                       "--seed", str(args.seed), *(["--by-difficulty"] if args.by_difficulty else [])])
+                       *(["--arms", args.arms] if args.arms else []), *how])
     try:
         spec = load_spec(args.spec)
-        if args.resamples < 1000:
-            raise SpecError(f"--resamples {args.resamples}: a 95 % percentile interval needs 1000 at least")
-        text, path = ci.run(spec, ci.parse_pairs(args.arms, args.baseline, spec), args.resamples, args.seed,
-                            args.by_difficulty, line, log=lambda m: print(m, file=sys.stderr))
+        pairs = ci.parse_pairs(args.arms, args.baseline, spec)
+        if args.seeds_only:
+            if args.by_difficulty:
+                raise SpecError("--seeds-only compares the runs' whole-eval figures; --by-difficulty needs "
+                                "per-problem outcomes")
+            text, path = seed_intervals.run(spec, pairs, line)
+        else:
+            if args.resamples < 1000:
+                raise SpecError(f"--resamples {args.resamples}: a 95 % percentile interval needs 1000 at least")
+            text, path = ci.run(spec, pairs, args.resamples, args.seed, args.by_difficulty, line,
+                                log=lambda m: print(m, file=sys.stderr))
     except ci.EvalMismatch as e:
         print(f"ablate-ci: error: THE EVAL IS NOT THE RUN'S: {e}", file=sys.stderr)
         return 1
-    except SpecError as e:
-        print(f"ablate-ci: error: {e}", file=sys.stderr)
-        return 2
-    print(text)
-    print(path, file=sys.stderr)
-    return 0
-
-
-def seeds_only(args) -> int:
-    from jaxrl_llm.ablate import seed_intervals
-
-    line = shlex.join(["jaxrl-llm", "ablate-ci", str(args.spec), "--baseline", args.baseline,
-                       *(["--arms", args.arms] if args.arms else []), "--seeds-only"])
-    try:
-        if args.by_difficulty:
-            raise SpecError("--seeds-only compares the runs' whole-eval figures; --by-difficulty needs per-problem "
-                            "outcomes")
-        spec = load_spec(args.spec)
-        text, path = seed_intervals.run(spec, ci.parse_pairs(args.arms, args.baseline, spec), line)
     except SpecError as e:
         print(f"ablate-ci: error: {e}", file=sys.stderr)
         return 2

@@ -359,18 +359,25 @@ def parse_pairs(text: str | None, baseline: str, spec: Spec) -> list[tuple[str, 
     return pairs
 
 
-def run(spec: Spec, pairs, resamples: int, seed: int, by_difficulty: bool, command_line: str,
-        log=print) -> tuple[str, Path]:
-    """Evaluate what is needed, bootstrap every pair, write intervals.md; (its text, its path)."""
-    outcomes, missing = {}, []
+def read_finished(spec: Spec, pairs, read) -> tuple[dict[str, list], list]:
+    """{arm: [read(arm, seed, record) for each finished seed]} over the arms of `pairs`, and the unfinished runs
+    as (arm, seed, why)."""
+    out, missing = {}, []
     for arm in dict.fromkeys(name for pair in pairs for name in pair):
-        outcomes[arm] = []
+        out[arm] = []
         for s in spec.seeds:
             record = spec.record(arm, s)
             if record is None:
                 missing.append((arm, s, "not finished (no ablation_done.json)"))
             else:
-                outcomes[arm].append(evaluate_run(spec, arm, s, record, log))
+                out[arm].append(read(arm, s, record))
+    return out, missing
+
+
+def run(spec: Spec, pairs, resamples: int, seed: int, by_difficulty: bool, command_line: str,
+        log=print) -> tuple[str, Path]:
+    """Evaluate what is needed, bootstrap every pair, write intervals.md; (its text, its path)."""
+    outcomes, missing = read_finished(spec, pairs, lambda arm, s, record: evaluate_run(spec, arm, s, record, log))
     rng = np.random.default_rng(seed)
     results, groups = [], {}
     for a, b in pairs:

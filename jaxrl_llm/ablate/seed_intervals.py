@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxrl_llm.ablate.intervals import LEVEL, _signed, _stat, figure_label
+from jaxrl_llm.ablate.intervals import LEVEL, _signed, _stat, figure_label, read_finished
 from jaxrl_llm.ablate.records import EVAL_COLUMNS, REWARD_COLUMNS, aggregate, by_step, load_rows, run_steps, run_summary
 from jaxrl_llm.ablate.spec import Spec, SpecError
 
@@ -95,15 +95,7 @@ def _budget(rows: list[dict], key: str, fmt: str) -> str:
 
 def run(spec: Spec, pairs, command_line: str) -> tuple[str, Path]:
     """Every pair's table from the records' final evaluation rows; written as intervals_seeds.md."""
-    rows, missing = {}, []
-    for arm in dict.fromkeys(name for pair in pairs for name in pair):
-        rows[arm] = []
-        for s in spec.seeds:
-            record = spec.record(arm, s)
-            if record is None:
-                missing.append((arm, s, "not finished (no ablation_done.json)"))
-            else:
-                rows[arm].append({**final_row(spec, arm, s, record), "_seed": s})
+    rows, missing = read_finished(spec, pairs, lambda arm, s, record: {**final_row(spec, arm, s, record), "_seed": s})
     out = [f"# Differences from the baseline over seeds: {spec.path}", "",
            f"Produced by `{command_line}`.", "",
            "Each figure is the runs' own final evaluation row (metrics.jsonl), one value per seed; arm columns: "
