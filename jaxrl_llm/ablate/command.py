@@ -37,6 +37,8 @@ def add_ablate_arguments(p) -> None:
     p.add_argument("--report-only", action="store_true", help="no runs: write the report from what finished")
     p.add_argument("--dry-run", action="store_true", help="print the commands of the unfinished runs, run nothing")
     p.add_argument("--parallel", type=int, default=1, help="runs at a time (each trainer uses every core)")
+    p.add_argument("--keep-checkpoints", action="store_true",
+                   help="keep every checkpoint of a finished run (default: only the final step's)")
     p.add_argument("--stop-by", metavar="WHEN",
                    help="start no run expected to end after WHEN: a duration from now (90m, 2h30m) or a local time "
                         "(2026-12-07T06:50, or 06:50 today); the estimate is the arm's longest finished run")
@@ -156,7 +158,8 @@ def ablate(args) -> int:
     if stopped is not None:
         print(f"stopped by signal {stopped} while preparing; run the same command to resume.", file=sys.stderr)
         return 128 + stopped
-    failed, stopped, left = run_grid(spec, todo, args.parallel, already=len(cells) - len(todo), deadline=deadline)
+    failed, stopped, left = run_grid(spec, todo, args.parallel, already=len(cells) - len(todo), deadline=deadline,
+                                     keep_checkpoints=args.keep_checkpoints)
     if stopped is not None:
         print(f"stopped by signal {stopped}; the running trainer checkpointed. Run the same command to resume.",
               file=sys.stderr)

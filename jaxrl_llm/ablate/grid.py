@@ -10,6 +10,10 @@ end of a machine's lease loses what it computed since its last checkpoint): the 
 finished run of the same arm took (its done marker's elapsed_s, else its steps' and evaluations' wall time),
 else that of any arm; a grid with no finished run starts its runs, saying it cannot estimate.
 
+Once a run is finished and archived, its checkpoints but the final step's are deleted (`--keep-checkpoints`
+keeps them): the final one is what `jaxrl-llm eval` / `export` read, and a SmolLM2 run's three kept
+checkpoints take 4.2 GB, so a grid would fill a disk with states nobody resumes.
+
 A spec's `prepare` commands (e.g. one shared SFT warm start that every arm loads through model.name) run
 each once, before the first run, only while the path each `creates` is missing; output goes to
 <out_dir>/prepare.log and a signal reaches them like a run.
@@ -114,8 +118,25 @@ def run_seconds(spec: Spec, arm: str) -> float | None:
     return None
 
 
+def prune_checkpoints(run_dir: Path, final_step: int) -> list[Path]:
+    """Delete a finished run's checkpoints (RL's and SFT's) except RL's at `final_step`; nothing unless that one
+    is there. Only step folders (integer names) are touched. Returns what was deleted."""
+    import shutil
+
+    final = run_dir / "checkpoints" / str(final_step)
+    if not final.is_dir():
+        return []
+    gone = []
+    for folder in (run_dir / "checkpoints", run_dir / "sft_checkpoints"):
+        for d in sorted(folder.iterdir()) if folder.is_dir() else ():
+            if d.is_dir() and d.name.isdigit() and d != final:
+                shutil.rmtree(d)
+                gone.append(d)
+    return gone
+
+
 def run_grid(spec: Spec, todo: list[tuple[str, int]], parallel: int = 1, already: int = 0,
-             deadline: float | None = None) -> tuple[list, int | None, list]:
+             deadline: float | None = None, keep_checkpoints: bool = False) -> tuple[list, int | None, list]:
     """Train the (arm, seed) runs of `todo`, `parallel` at a time; the progress bar also counts the
     `already` finished runs of the grid. With `deadline` (a time.time() value) a run expected to end after it
     is not started. Returns the failures as (arm, seed, why), the signal that stopped the grid (None if it ran
@@ -156,6 +177,8 @@ def run_grid(spec: Spec, todo: list[tuple[str, int]], parallel: int = 1, already
                              "elapsed_s": round(time.time() - started[arm, seed], 1)},
                             indent=1) + "\n")
                         archive_run(spec, arm, seed)
+                        if not keep_checkpoints:
+                            prune_checkpoints(run_dir, run_steps(run_dir))
                     elif not stopped:
                         failed.append((arm, seed, why))
                         tqdm.write(f"FAILED: arm {arm}, seed {seed}: {why}; last lines of {run_dir / LOG}:\n"

@@ -471,6 +471,35 @@ def test_a_record_trained_by_another_command_than_the_spec_gives_is_refused(tmp_
         spec_mod.load_spec(path).record("a", 0)
 
 
+def test_a_finished_runs_checkpoints_but_the_final_one_are_deleted_unless_kept(tmp_path, monkeypatch):
+    path = _write_spec(tmp_path, "base: BASE\nseeds: [0]\nout_dir: OUT\narms: {a: [], b: [], c: []}\n")
+    spec = spec_mod.load_spec(path)
+
+    def fake_launch(spec, arm, seed):
+        run_dir = spec.run_dir(arm, seed)
+        for d in ("checkpoints/1", "checkpoints/2", "checkpoints/2/arrays", "sft_checkpoints/3", "checkpoints/tmp.x"):
+            (run_dir / d).mkdir(parents=True, exist_ok=True)
+        (run_dir / "checkpoints" / "2" / "arrays" / "x").write_text("the final state")
+        return _FakeTrainer(run_dir, 2, 1 if arm == "c" else 2, 0)  # c stops short: not finished
+
+    monkeypatch.setattr(grid_mod, "launch", fake_launch)
+    assert command.main([str(path), "--arms", "a,c"]) == 1
+    def left(arm):
+        return sorted(str(p.relative_to(spec.run_dir(arm, 0))) for p in spec.run_dir(arm, 0).glob("*checkpoints/*"))
+
+    assert left("a") == ["checkpoints/2", "checkpoints/tmp.x"]  # the final step's, and what is not a step folder
+    assert (spec.run_dir("a", 0) / "checkpoints" / "2" / "arrays" / "x").read_text() == "the final state"
+    assert left("c") == ["checkpoints/1", "checkpoints/2", "checkpoints/tmp.x", "sft_checkpoints/3"]  # unfinished
+    assert command.main([str(path), "--arms", "b", "--keep-checkpoints"]) == 0
+    assert left("b") == ["checkpoints/1", "checkpoints/2", "checkpoints/tmp.x", "sft_checkpoints/3"]
+    # no final step's folder: nothing is deleted
+    (spec.run_dir("b", 0) / "checkpoints" / "2" / "arrays" / "x").unlink()
+    for d in ("checkpoints/2/arrays", "checkpoints/2"):
+        (spec.run_dir("b", 0) / d).rmdir()
+    assert grid_mod.prune_checkpoints(spec.run_dir("b", 0), 2) == []
+    assert left("b") == ["checkpoints/1", "checkpoints/tmp.x", "sft_checkpoints/3"]
+
+
 def test_stop_by_parses_durations_and_local_times_and_refuses_the_past_and_junk():
     from datetime import datetime
 
