@@ -297,9 +297,15 @@ def _stat(stat: Stat) -> str:
     return f"{stat.mean:.3f}" + ("" if stat.n < 2 else f" ± {stat.std:.3f}")
 
 
-def _budget(runs: list[RunOutcomes], key: str, fmt: str) -> str:
-    values = [r.budget.get(key) for r in runs]
-    return "not recorded" if None in values else fmt.format(sum(values) / len(values))
+def budget_sentence(arm: list[dict], base: list[dict]) -> str:
+    """"Budget per run (mean): sampled tokens A vs B, wall s C vs D." from each side's runs' budget dicts."""
+    def mean(budgets, key, fmt):
+        values = [b.get(key) for b in budgets]
+        return "not recorded" if None in values else fmt.format(sum(values) / len(values))
+
+    return (f"Budget per run (mean): sampled tokens {mean(arm, 'sampled_tokens', '{:,.0f}')} vs "
+            f"{mean(base, 'sampled_tokens', '{:,.0f}')}, wall s {mean(arm, 'wall_s', '{:.1f}')} vs "
+            f"{mean(base, 'wall_s', '{:.1f}')}.")
 
 
 def _table(a: str, b: str, lines: list[dict]) -> list[str]:
@@ -331,10 +337,8 @@ def format_markdown(spec: Spec, command_line: str, results: list, missing: list,
         temps = sorted({r.rollout_t for r in arm_runs + base_runs})
         out += ["", f"## {a} vs {b}", "",
                 f"Seeds {', '.join(str(r.seed) for r in arm_runs)} vs {', '.join(str(r.seed) for r in base_runs)}; "
-                f"rollout T {', '.join(f'{t:g}' for t in temps)}. Budget per run (mean): sampled tokens "
-                f"{_budget(arm_runs, 'sampled_tokens', '{:,.0f}')} vs "
-                f"{_budget(base_runs, 'sampled_tokens', '{:,.0f}')}, wall s {_budget(arm_runs, 'wall_s', '{:.1f}')} "
-                f"vs {_budget(base_runs, 'wall_s', '{:.1f}')}."]
+                f"rollout T {', '.join(f'{t:g}' for t in temps)}. "
+                + budget_sentence([r.budget for r in arm_runs], [r.budget for r in base_runs])]
         for title, lines in tables.items():
             out += ["", f"### {title}" if len(tables) > 1 else f"{title[0].upper()}{title[1:]}:", "",
                     *_table(a, b, lines)]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxrl_llm.ablate.intervals import LEVEL, _signed, _stat, figure_label, read_finished
+from jaxrl_llm.ablate.intervals import LEVEL, _signed, _stat, budget_sentence, figure_label, read_finished
 from jaxrl_llm.ablate.records import EVAL_COLUMNS, REWARD_COLUMNS, aggregate, by_step, load_rows, run_steps, run_summary
 from jaxrl_llm.ablate.spec import Spec, SpecError
 
@@ -88,11 +88,6 @@ def _table(a: str, b: str, lines: list[dict]) -> list[str]:
     return out
 
 
-def _budget(rows: list[dict], key: str, fmt: str) -> str:
-    values = [r["_budget"].get(key) for r in rows]
-    return "not recorded" if None in values else fmt.format(sum(values) / len(values))
-
-
 def run(spec: Spec, pairs, command_line: str) -> tuple[str, Path]:
     """Every pair's table from the records' final evaluation rows; written as intervals_seeds.md."""
     rows, missing = read_finished(spec, pairs, lambda arm, s, record: {**final_row(spec, arm, s, record), "_seed": s})
@@ -112,12 +107,10 @@ def run(spec: Spec, pairs, command_line: str) -> tuple[str, Path]:
             continue
         done += 1
         temps = sorted({r.get("rollout_t", 1.0) for r in rows[a] + rows[b]})
-        ab, bb = rows[a], rows[b]
         out += ["", f"## {a} vs {b}", "",
                 f"Seeds {', '.join(str(r['_seed']) for r in rows[a])} vs {', '.join(str(r['_seed']) for r in rows[b])}"
-                f"; rollout T {', '.join(f'{t:g}' for t in temps)}. Budget per run (mean): sampled tokens "
-                f"{_budget(ab, 'sampled_tokens', '{:,.0f}')} vs {_budget(bb, 'sampled_tokens', '{:,.0f}')}, wall s "
-                f"{_budget(ab, 'wall_s', '{:.1f}')} vs {_budget(bb, 'wall_s', '{:.1f}')}.", "",
+                f"; rollout T {', '.join(f'{t:g}' for t in temps)}. "
+                + budget_sentence([r["_budget"] for r in rows[a]], [r["_budget"] for r in rows[b]]), "",
                 *_table(a, b, compare(rows[a], rows[b]))]
     if not done:
         raise SpecError(f"{spec.path}: no pair with finished runs on both sides")
