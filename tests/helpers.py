@@ -281,4 +281,4 @@ def done_marker(spec, arm: str, seed: int) -> str:
     from jaxrl_llm.ablate.spec import load_spec
 
     spec = load_spec(spec) if isinstance(spec, (str, Path)) else spec
-    return json.dumps({"arm": arm, "seed": seed, "exit_code": 0, "command": spec.command(arm, seed)}) + "\n"
+    return spec.done_text(arm, seed, exit_code=0)

@@ -132,10 +132,9 @@ def ablate(args) -> int:
         deadline = parse_deadline(args.stop_by) if args.stop_by else None
         # seed-major order: after each pass over the arms the table compares them on equal seeds
         cells = [(arm, seed) for seed in seeds for arm in arms]
-        todo = [(a, s) for a, s in cells if spec.record(a, s) is None]
-        for a in spec.arms:  # every record the report will read, not only the runs picked: refused now, not after
-            for s in spec.seeds:
-                spec.record(a, s)
+        # every record the report will read, not only the runs picked: a stale one is refused now, not after
+        records = {(a, s): spec.record(a, s) for a in spec.arms for s in spec.seeds}
+        todo = [cell for cell in cells if records[cell] is None]
     except (SpecError, ValueError) as e:
         print(f"ablate: error: {e}", file=sys.stderr)
         return 2
@@ -148,7 +147,7 @@ def ablate(args) -> int:
             if (arm, seed) in todo:
                 print(f"{env} {shlex.join(spec.command(arm, seed))} >> {shlex.quote(str(d / LOG))} 2>&1")
             else:
-                print(f"# done: {arm} seed {seed} ({spec.record(arm, seed) / DONE})")
+                print(f"# done: {arm} seed {seed} ({records[arm, seed] / DONE})")
         return 0
     print(f"{len(cells) - len(todo)} of {len(cells)} runs already finished; {len(todo)} to run", file=sys.stderr)
     problem, stopped = run_prepare(spec) if todo else (None, None)

@@ -170,15 +170,14 @@ def run_grid(spec: Spec, todo: list[tuple[str, int]], parallel: int = 1, already
                     run_dir = spec.run_dir(arm, seed)
                     why = f"exit code {rc}" if rc != 0 else final_eval_problem(run_dir)
                     if why is None:
-                        (run_dir / DONE).write_text(json.dumps(
-                            {"arm": arm, "seed": seed, "steps": run_steps(run_dir), "exit_code": rc,
-                             "command": spec.command(arm, seed), "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
-                             # this attempt's start to exit (a resumed run's earlier attempts are not in it)
-                             "elapsed_s": round(time.time() - started[arm, seed], 1)},
-                            indent=1) + "\n")
+                        steps = run_steps(run_dir)
+                        # elapsed_s: this attempt's start to exit (a resumed run's earlier attempts are not in it)
+                        (run_dir / DONE).write_text(spec.done_text(
+                            arm, seed, steps=steps, exit_code=rc, finished=time.strftime("%Y-%m-%d %H:%M:%S"),
+                            elapsed_s=round(time.time() - started[arm, seed], 1)))
                         archive_run(spec, arm, seed)
                         if not keep_checkpoints:
-                            prune_checkpoints(run_dir, run_steps(run_dir))
+                            prune_checkpoints(run_dir, steps)
                     elif not stopped:
                         failed.append((arm, seed, why))
                         tqdm.write(f"FAILED: arm {arm}, seed {seed}: {why}; last lines of {run_dir / LOG}:\n"

@@ -65,6 +65,11 @@ class Spec:
                 return d
         return None
 
+    def done_text(self, arm: str, seed: int, **facts) -> str:
+        """ablation_done.json's text for a finished (arm, seed): the command that trained it (what `record`
+        checks), and `facts` (steps, exit code, times)."""
+        return json.dumps({"arm": arm, "seed": seed, **facts, "command": self.command(arm, seed)}, indent=1) + "\n"
+
     def _check_record(self, d: Path, arm: str, seed: int) -> None:
         try:
             done = json.loads((d / DONE).read_text())
