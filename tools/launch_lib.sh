@@ -3,7 +3,7 @@
 # script sets DRY_RUN=1 on --dry-run: every command that would touch a machine is printed (one line each,
 # prefixed "+ ") instead of run.
 
-RESUME_EXIT_CODE=75  # jaxrl_llm/train/loop.py: stopped by SIGTERM / preemption after saving; run again to resume
+RESUME_EXIT_CODE=75  # jaxrl_llm/train/stop.py: stopped by SIGTERM / preemption after saving; run again to resume
 DRY_RUN=${DRY_RUN:-0}
 MAX_RESTARTS=${MAX_RESTARTS:-100}
 
@@ -32,7 +32,7 @@ resume_loop() {  # resume_loop FUNCTION: call it until it exits with something o
 }
 
 need_config() {  # need_config CONFIG: the config must exist here (it is copied with the project)
-  if [ -z "${1:-}" ]; then echo "launch: give the run config after --, e.g. -- configs/tpu_v5e_8.yaml" >&2; exit 2; fi
+  if [ -z "${1:-}" ]; then echo "launch: give the run config after --, e.g. -- configs/tpu_qwen2.5_1.5b.yaml" >&2; exit 2; fi
   if [ ! -f "$1" ]; then echo "launch: no config file $1" >&2; exit 2; fi
 }
 

@@ -4,9 +4,9 @@
 # the run from its checkpoint whenever it stops for preemption or maintenance (exit 75). Ctrl-C / SIGTERM
 # stop every worker cleanly (each saves), then the script exits; run it again to resume.
 # What travels, how arguments reach the workers, start failures, the log timeout (LOG_TIMEOUT_S) and stops by
-# process id: as in tools/launch_gpu_multinode.sh. Needs the gcloud CLI, logged in. Multi-host slices (more
-# than one worker, e.g. v5p-64) need the multi-host data path, which the trainer refuses until it lands
-# (docs/scale_out.md); single-host slices (v5litepod-8, v4-8) run now.
+# process id: as in tools/launch_gpu_multinode.sh. Needs the gcloud CLI, logged in. Multi-worker slices (e.g.
+# v5p-64) run one process per worker (JAXRL_DISTRIBUTED=auto, docs/scale_out.md); the multi-host path is
+# tested on CPU processes only, and this script has not run against a real slice.
 #
 #   bash tools/launch_tpu_pod.sh --name NAME --zone ZONE --type v5litepod-8 [--version tpu-ubuntu2204-base]
 #        [--project PROJECT] [--create] [--spot] [--dir jaxrl_llm] [--include PATH]... [--dry-run] \

@@ -12,7 +12,7 @@ A spec (YAML; relative paths are taken from the working directory, like the trai
     archive: tools/results/ablate_example        # optional, meant to be committed (records.py)
     prepare:                                     # optional, run once before the first run (grid.py)
       - creates: runs/example_sft/final/config.json
-        run: jaxrl-llm sft --config configs/example.yaml train.out_dir=runs/example_sft
+        run: jaxrl-llm sft --config configs/toy.yaml train.out_dir=runs/example_sft
 """
 
 from __future__ import annotations
