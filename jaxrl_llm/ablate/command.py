@@ -42,6 +42,9 @@ def add_ablate_arguments(p) -> None:
     p.add_argument("--stop-by", metavar="WHEN",
                    help="start no run expected to end after WHEN: a duration from now (90m, 2h30m) or a local time "
                         "(2026-12-07T06:50, or 06:50 today); the estimate is the arm's longest finished run")
+    p.add_argument("--run-minutes", type=float, metavar="M",
+                   help="with --stop-by: expect every run to take M minutes instead of the arm's longest finished "
+                        "run (which runs that shared the machine, or were paused, make too long)")
 
 
 def add_check_arguments(p) -> None:
@@ -130,6 +133,8 @@ def ablate(args) -> int:
         seeds = _pick(args.seeds, spec.seeds, "seeds", int)
         check_configs(spec, arms)
         deadline = parse_deadline(args.stop_by) if args.stop_by else None
+        if args.run_minutes is not None and (deadline is None or not args.run_minutes > 0):
+            raise SpecError(f"--run-minutes {args.run_minutes:g}: give a positive number of minutes, with --stop-by")
         # seed-major order: after each pass over the arms the table compares them on equal seeds
         cells = [(arm, seed) for seed in seeds for arm in arms]
         # every record the report will read, not only the runs picked: a stale one is refused now, not after
@@ -158,7 +163,8 @@ def ablate(args) -> int:
         print(f"stopped by signal {stopped} while preparing; run the same command to resume.", file=sys.stderr)
         return 128 + stopped
     failed, stopped, left = run_grid(spec, todo, args.parallel, already=len(cells) - len(todo), deadline=deadline,
-                                     keep_checkpoints=args.keep_checkpoints)
+                                     keep_checkpoints=args.keep_checkpoints,
+                                     run_s=None if args.run_minutes is None else args.run_minutes * 60)
     if stopped is not None:
         print(f"stopped by signal {stopped}; the running trainer checkpointed. Run the same command to resume.",
               file=sys.stderr)

@@ -136,10 +136,11 @@ def prune_checkpoints(run_dir: Path, final_step: int) -> list[Path]:
 
 
 def run_grid(spec: Spec, todo: list[tuple[str, int]], parallel: int = 1, already: int = 0,
-             deadline: float | None = None, keep_checkpoints: bool = False) -> tuple[list, int | None, list]:
+             deadline: float | None = None, keep_checkpoints: bool = False,
+             run_s: float | None = None) -> tuple[list, int | None, list]:
     """Train the (arm, seed) runs of `todo`, `parallel` at a time; the progress bar also counts the
     `already` finished runs of the grid. With `deadline` (a time.time() value) a run expected to end after it
-    is not started. Returns the failures as (arm, seed, why), the signal that stopped the grid (None if it ran
+    is not started; a run is expected to take `run_s` seconds if given, else run_seconds(spec, arm). Returns the failures as (arm, seed, why), the signal that stopped the grid (None if it ran
     through) and the runs left for the deadline as (arm, seed, estimated seconds)."""
     from tqdm import tqdm
 
@@ -151,7 +152,7 @@ def run_grid(spec: Spec, todo: list[tuple[str, int]], parallel: int = 1, already
                 while pending and not stopped and len(running) < parallel:
                     arm, seed = pending.pop(0)
                     if deadline is not None:
-                        need = run_seconds(spec, arm)
+                        need = run_s if run_s is not None else run_seconds(spec, arm)
                         if need is None:
                             tqdm.write(f"--stop-by: no finished run to estimate {arm} seed {seed} from; starting it",
                                        file=sys.stderr)

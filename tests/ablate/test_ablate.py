@@ -540,6 +540,14 @@ def test_stop_by_starts_no_run_expected_to_end_after_it(tmp_path, monkeypatch, c
     assert "not started: c seed 1 (expected 17 min" in err
     done = json.loads((spec.run_dir("a", 1) / spec_mod.DONE).read_text())
     assert 0 <= done["elapsed_s"] < 30 and done["command"] == spec.command("a", 1)
+    # --run-minutes replaces the estimate (b's 1000 s from a run that shared the machine, say): 5 min fit in 8m20s
+    launched.clear()
+    assert command.main([str(path), "--seeds", "1", "--arms", "b", "--stop-by", "8m20s", "--run-minutes", "5"]) == 0
+    assert launched == [("b", 1)]
+    for bad in (["--run-minutes", "5"], ["--stop-by", "1h", "--run-minutes", "0"]):
+        assert command.main([str(path), *bad]) == 2
+        assert "--run-minutes" in capsys.readouterr().err
+    shutil.rmtree(spec.run_dir("b", 1))
     launched.clear()
     assert command.main([str(path), "--seeds", "1", "--stop-by", "1h"]) == 0
     assert launched == [("b", 1), ("c", 1)]
