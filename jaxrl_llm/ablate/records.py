@@ -49,6 +49,8 @@ EXPLORER_COLUMNS = (("rrl_replay_rows", "replay rows", None),
                     ("rrl_fresh_success_same_prompts", "fresh success, same prompts", "rrl_replay_rows"),
                     ("herl_revisions", "revisions", None),
                     ("herl_revision_success", "revision success", "herl_revisions"),
+                    # revisions that replaced a group member (under keep: better, only those above the group's best)
+                    ("herl_kept", "kept revisions", None),
                     ("herl_bonus_mean", "mean bonus", "herl_candidates"),
                     ("herl_sampled_tokens", "revision tokens", None))
 

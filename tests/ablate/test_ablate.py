@@ -625,22 +625,23 @@ def test_explorer_section_weights_each_steps_rate_by_its_count(tmp_path):
            {"rrl_replay_rows": 0},
            {"rrl_replay_rows": 4, "rrl_continuation_success": 0.0, "rrl_fresh_success_same_prompts": math.nan}]
     herl = [{"herl_revisions": 8, "herl_candidates": 2, "herl_revision_success": 0.5, "herl_bonus_mean": 0.1,
-             "herl_sampled_tokens": 300},
-            {"herl_revisions": 0, "herl_candidates": 0, "herl_sampled_tokens": 0},
+             "herl_kept": 2, "herl_sampled_tokens": 300},
+            {"herl_revisions": 0, "herl_candidates": 0, "herl_kept": 0, "herl_sampled_tokens": 0},
             {"herl_revisions": 4, "herl_candidates": 1, "herl_revision_success": 1.0, "herl_bonus_mean": 0.4,
-             "herl_sampled_tokens": 100}]
+             "herl_kept": 1, "herl_sampled_tokens": 100}]
     _write_run(spec, "b", 0, 3, ev, [{**base, **r, **h} for r, h in zip(rrl, herl)])
     runs, missing = records.collect(spec)
     e = {r.arm: records.explorer_summary(r.rows) for r in runs}
     assert e["a"] == {}
     assert e["b"]["rrl_replay_rows"] == 20 and e["b"]["herl_revisions"] == 12 and e["b"]["herl_sampled_tokens"] == 400
+    assert e["b"]["herl_kept"] == 3
     assert e["b"]["rrl_continuation_success"] == pytest.approx(12 / 20, abs=1e-12)  # 12 of 20 continuations
     assert e["b"]["rrl_fresh_success_same_prompts"] == pytest.approx(0.25, abs=1e-12)  # the NaN step has no weight
     assert e["b"]["herl_revision_success"] == pytest.approx((4 + 4) / 12, abs=1e-12)
     assert e["b"]["herl_bonus_mean"] == pytest.approx((2 * 0.1 + 0.4) / 3, abs=1e-12)
     text = report.format_markdown(spec, records.arm_table(spec, runs), runs, missing)
     assert "## Explorers" in text
-    assert "| b | 0 | 20 | 0.600 | 0.250 | 12 | 0.667 | 0.200 | 400 |" in text
-    assert "| a | 0 |  |  |  |  |  |  |  |" in text
+    assert "| b | 0 | 20 | 0.600 | 0.250 | 12 | 0.667 | 3 | 0.200 | 400 |" in text
+    assert "| a | 0 |  |  |  |  |  |  |  |  |" in text
     plain = report.format_markdown(spec, records.arm_table(spec, runs[:1]), runs[:1], missing)
     assert "## Explorers" not in plain
