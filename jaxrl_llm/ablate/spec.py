@@ -28,7 +28,10 @@ from pathlib import Path
 import yaml
 
 SPEC_KEYS = ("base", "overrides", "seeds", "out_dir", "arms", "archive", "prepare")
-HARNESS_KEYS = ("train.seed", "train.out_dir")  # set per run by the harness, never by a spec
+# set per run by the harness, never by a spec; eval.start_cache: the arms of a seed share their step-0 evaluation
+# where they start from the same weights with the same evaluation (train/start_cache.py)
+HARNESS_KEYS = ("train.seed", "train.out_dir", "eval.start_cache")
+START_CACHE = "start_evals"  # the folder in out_dir
 DONE, LOG = "ablation_done.json", "train.log"
 ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -80,9 +83,10 @@ class Spec:
             raise SpecError(f"{self.path}: arm '{arm}', seed {seed}: {d / DONE} is not a finished run's record "
                             f"({type(e).__name__}: {e})") from None
         # the interpreter's path (argv[0..2] = python -m jaxrl_llm.cli) differs between machines, and out_dir may
-        # move (to a bigger disk) without changing what a run trains; the rest may not differ
+        # move (to a bigger disk) without changing what a run trains, nor may a shared start evaluation (records
+        # made before the harness set it lack it); the rest may not differ
         def what_trains(argv):
-            return [a for a in argv[3:] if not a.startswith("train.out_dir=")]
+            return [a for a in argv[3:] if not a.startswith(("train.out_dir=", "eval.start_cache="))]
 
         want, got = what_trains(self.command(arm, seed)), what_trains(recorded)
         if got != want:
@@ -95,7 +99,8 @@ class Spec:
                             f"name (or the spec a new out_dir and archive) so that both stay what they are.")
 
     def run_overrides(self, arm: str, seed: int) -> list[str]:
-        return [*self.overrides, *self.arms[arm], f"train.seed={seed}", f"train.out_dir={self.run_dir(arm, seed)}"]
+        return [*self.overrides, *self.arms[arm], f"train.seed={seed}", f"train.out_dir={self.run_dir(arm, seed)}",
+                f"eval.start_cache={self.out_dir / START_CACHE}"]
 
     def command(self, arm: str, seed: int) -> list[str]:
         # `-m` from the harness's working directory: a grid started in a frozen copy of the tree trains that copy

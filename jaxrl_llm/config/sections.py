@@ -195,6 +195,9 @@ class EvalSection:
     # met is sent back with explore.herl.revise_template (met and unmet items, the draft) for a new answer, up to
     # this many rounds, greedy and sampled; revise_* figures per round. No effect on tasks without a rubric
     revise_rounds: int = 0
+    # a folder where runs that start from the same weights with the same evaluation share their step-0
+    # evaluation (train/start_cache.py); `jaxrl-llm ablate` sets it for every run of a spec. "": off
+    start_cache: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

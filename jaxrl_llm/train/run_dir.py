@@ -56,7 +56,7 @@ SAFE_TO_CHANGE = ("train.steps", "sft.steps", "eval.every", "train.checkpoint_ev
                   "train.async_checkpoint", "train.tensorboard", "train.export_final", "train.memory_check",
                   "train.device_memory_gib", "train.maintenance_url", "train.out_dir", "train.seed",
                   "train.watchdog_floor_s", "train.watchdog_ceiling_s", "train.watchdog_stale_s", "reward.workers",
-                  "reward.start_retries", "eval.revise_rounds",
+                  "reward.start_retries", "eval.revise_rounds", "eval.start_cache",
                   "mesh", "logging")
 # how this start treats the folder, not what the run is: never compared
 HOW_TO_START = ("train.resume", "train.overwrite", "train.accept_changes")

@@ -13,7 +13,9 @@ from jaxrl_llm.model import lora
 from jaxrl_llm.rl.spec import loss_coefs, sft_spec
 from jaxrl_llm.rl.update import abstract_optimizer_state, init_optimizer, make_update
 from jaxrl_llm.train import outcomes as held_out_outcomes
+from jaxrl_llm.train import start_cache
 from jaxrl_llm.train.evaluate import evaluate
+from jaxrl_llm.train.metrics import replace_text
 from jaxrl_llm.train.sft import sft_batch
 from jaxrl_llm.train.state import PHASE_EVAL, PHASE_SFT
 from jaxrl_llm.train.step import rl_step
@@ -44,6 +46,30 @@ def eval_stage(run, writer, pool, kind: str, label: str) -> dict:
     if kind == "eval" and outcomes and jax.process_index() == 0:  # RL-stage evaluations: held_out/step<N>.jsonl
         held_out_outcomes.write(run.cfg.train.out_dir, run.state.step, eval_items(run), outcomes)
     run.log(f"{label} held-out: {fmt(result)}")
+    return result
+
+
+def start_eval(run, writer, pool) -> dict:
+    """The step-0 evaluation; with eval.start_cache, taken from a run that started from the same weights with the
+    same evaluation when one is kept there, else made and kept (train/start_cache.py)."""
+    cache, out_dir = run.cfg.eval.start_cache, run.cfg.train.out_dir
+    if not cache or jax.process_count() > 1:
+        return eval_stage(run, writer, pool, "eval", "step 0")
+    digest = start_cache.params_digest(run.state.params)
+    entry = start_cache.load(cache, run.folder.record, digest, run.log)
+    if entry is None:
+        result = eval_stage(run, writer, pool, "eval", "step 0")
+        outcomes = held_out_outcomes.path(out_dir, 0)
+        kept = start_cache.store(cache, run.folder.record, digest, result,
+                                 outcomes.read_text() if outcomes.is_file() else "", out_dir)
+        run.log(f"step 0: evaluation kept for runs that start like this one ({kept})")
+        return result
+    result = {**entry["row"], "start_reused": 1}
+    write(run, writer, 0, result, "eval")
+    if entry["outcomes"]:
+        held_out_outcomes.path(out_dir, 0).parent.mkdir(parents=True, exist_ok=True)
+        replace_text(held_out_outcomes.path(out_dir, 0), entry["outcomes"])
+    run.log(f"step 0 held-out (taken from {entry['source']}: same weights, same evaluation): {fmt(result)}")
     return result
 
 
@@ -91,7 +117,7 @@ def before_rl(run, writer, pool, stop) -> tuple[dict, str]:
             sft(run, writer, stop)
         if not stop.sync():
             start_rl(run)
-            last_eval = eval_stage(run, writer, pool, "eval", "step 0")
+            last_eval = start_eval(run, writer, pool)
             saved = run.save(wait=stop.agreed)  # SFT and the step-0 evaluation are not redone
     return last_eval, saved
 

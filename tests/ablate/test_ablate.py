@@ -236,7 +236,7 @@ def test_finished_runs_are_skipped_and_failures_reported(tmp_path, monkeypatch, 
     assert lines[0] == f"# done: a seed 0 ({spec.run_dir('a', 0) / 'ablation_done.json'})"
     # the trainer this interpreter runs as a module, so it is the package of the harness's working directory
     train = [sys.executable, "-m", "jaxrl_llm.cli", "train", "--config", str(tmp_path / "base.yaml"), "train.seed=0",
-             f"train.out_dir={spec.run_dir('b', 0)}"]
+             f"train.out_dir={spec.run_dir('b', 0)}", f"eval.start_cache={spec.out_dir / 'start_evals'}"]
     assert lines[1] == (f"HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 {shlex.join(train)} "
                         f">> {spec.run_dir('b', 0) / 'train.log'} 2>&1")
     assert [ln.split("train.out_dir=")[1].split()[0] for ln in lines[1:]] == [
