@@ -60,9 +60,12 @@ def start_eval(run, writer, pool) -> dict:
     if entry is None:
         result = eval_stage(run, writer, pool, "eval", "step 0")
         outcomes = held_out_outcomes.path(out_dir, 0)
-        kept = start_cache.store(cache, run.folder.record, digest, result,
-                                 outcomes.read_text() if outcomes.is_file() else "", out_dir)
-        run.log(f"step 0: evaluation kept for runs that start like this one ({kept})")
+        try:
+            kept = start_cache.store(cache, run.folder.record, digest, result,
+                                     outcomes.read_text() if outcomes.is_file() else "", out_dir)
+            run.log(f"step 0: evaluation kept for runs that start like this one ({kept})")
+        except OSError as e:  # a cache that cannot be written costs later runs an evaluation, not this run
+            run.log(f"step 0: the evaluation could not be kept in {cache} ({type(e).__name__}: {e})")
         return result
     result = {**entry["row"], "start_reused": 1}
     write(run, writer, 0, result, "eval")

@@ -49,6 +49,12 @@ def test_a_run_that_differs_only_after_step_0_takes_the_step_0_evaluation(tmp_pa
     assert train_rows(b) == train_rows(c) and train_rows(b) != train_rows(a)  # training as if it had evaluated
     assert any(f"taken from {a}" in line for line in logs["b"])
     assert any(f"kept for runs that start like this one ({entry})" in line for line in logs["a"])
+    # a cache that cannot be written (a file where the folder should be): the run goes on, and says so
+    blocked = tmp_path / "blocked"
+    blocked.write_text("")
+    d = run("d", f"eval.start_cache={blocked}")
+    assert _figures(_eval0(d)) == _figures(_eval0(a)) and (d / "metrics.jsonl").is_file()
+    assert any(f"could not be kept in {blocked}" in line for line in logs["d"])
 
 
 def test_the_key_holds_what_acts_before_step_1_and_the_weights():
