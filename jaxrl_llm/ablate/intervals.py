@@ -18,7 +18,9 @@ Bootstrap: each resample draws, for each arm, its seeds with replacement (as man
 both arms, the held-out problems with replacement (paired: a problem's shared difficulty cancels); each figure
 is recomputed as the mean over drawn seeds of the run's mean over drawn problems, and the interval is the
 2.5 and 97.5 percentiles of arm - baseline. Figures: greedy accuracy; at T = 1 and at the run's rollout
-temperature: sampled accuracy, pass@k (unbiased, from the eval's n samples) and the never-solved share.
+temperature: sampled accuracy, pass@k (unbiased, from the eval's n samples) and the never-solved share; where the
+rewards are partial credit (a rubric task: some reward is not the answer's correct flag), the greedy answer's
+reward and the mean sampled reward at each temperature too.
 With 3 seeds the seed part of the spread is under-estimated (a bootstrap of 3 values has 2/3 of their
 variance and 10 distinct draws), so read an interval as the problems' uncertainty plus a rough seed term; the
 table's Welch p (a t-test on the seeds' means, the problem set held fixed) checks the seed term on its own.
@@ -40,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxrl_llm.ablate.grid import OFFLINE_ENV, log_tail
-from jaxrl_llm.ablate.records import (EVAL_COLUMNS, EVAL_KS, Stat, aggregate, by_step, load_rows, run_steps,
+from jaxrl_llm.ablate.records import (EVAL_COLUMNS, EVAL_KS, REWARD_COLUMNS, Stat, aggregate, by_step, load_rows, run_steps,
                                       run_summary)
 from jaxrl_llm.ablate.spec import Spec, SpecError
 from jaxrl_llm.train import outcomes
@@ -66,7 +68,8 @@ class RunOutcomes:
 
 def problem_values(rows: list[dict], rollout_t: float, ks) -> tuple[tuple[tuple[str, str], ...], dict]:
     """Per-problem values of each figure from completions.jsonl rows: greedy correct (0/1); at T = 1 and at the
-    rollout T (prefix rollout_t_): solved share c/n, pass@k for 1 < k <= n, never solved (c == 0)."""
+    rollout T (prefix rollout_t_): solved share c/n, pass@k for 1 < k <= n, never solved (c == 0). Where the rows
+    carry rewards: the greedy answer's reward and the mean sampled reward (a rubric task's partial credit)."""
     from jaxrl_llm.train.metrics import pass_at_k
 
     problems = tuple(dict.fromkeys((r["uid"], r["question"]) for r in rows))
@@ -74,17 +77,22 @@ def problem_values(rows: list[dict], rollout_t: float, ks) -> tuple[tuple[tuple[
     if len(set(uids)) != len(uids):
         raise EvalMismatch("completions.jsonl gives one uid two questions")
     out = {}
-    greedy = {r["uid"]: float(r["correct"]) for r in rows if r["temperature"] == 0.0}
+    greedy = {r["uid"]: r for r in rows if r["temperature"] == 0.0}
     if greedy:
         if set(greedy) != set(uids):
             raise EvalMismatch("completions.jsonl lacks a greedy answer for some problems")
-        out["greedy_accuracy"] = np.array([greedy[u] for u in uids])
+        out["greedy_accuracy"] = np.array([float(greedy[u]["correct"]) for u in uids])
+        if all("reward" in r for r in greedy.values()):
+            out["greedy_reward_mean"] = np.array([float(greedy[u]["reward"]) for u in uids])
     for prefix, t in dict.fromkeys([("", 1.0), ("rollout_t_", float(rollout_t))]):
-        count, n = collections.Counter(), collections.Counter()
+        count, n, reward = collections.Counter(), collections.Counter(), collections.defaultdict(float)
+        rewarded = True
         for r in rows:
             if r["temperature"] == t:
                 n[r["uid"]] += 1
                 count[r["uid"]] += bool(r["correct"])
+                rewarded = rewarded and "reward" in r
+                reward[r["uid"]] += float(r.get("reward", 0.0))
         if not n:
             continue
         if set(n) != set(uids) or len(set(n.values())) != 1:
@@ -95,6 +103,8 @@ def problem_values(rows: list[dict], rollout_t: float, ks) -> tuple[tuple[tuple[
         out.update({f"{prefix}pass@{k}": np.array([pass_at_k(samples, int(ci), k) for ci in c])
                     for k in ks if 1 < k <= samples})
         out[f"{prefix}never_solved_share"] = (c == 0).astype(float)
+        if rewarded:
+            out[f"{prefix}sampled_reward_mean"] = np.array([reward[u] for u in uids]) / samples
     return problems, out
 
 
@@ -254,20 +264,24 @@ def evaluate_run(spec: Spec, arm: str, seed: int, record: Path, log=print) -> Ru
     return RunOutcomes(arm, seed, problems, values, float(summary["rollout_t"]), budget)
 
 
-NAMES = {"greedy_accuracy": "greedy", "sampled_accuracy": "sampled", "never_solved_share": "never solved"}
+NAMES = {"greedy_accuracy": "greedy", "sampled_accuracy": "sampled", "never_solved_share": "never solved",
+         "greedy_reward_mean": "greedy reward", "sampled_reward_mean": "sampled reward"}
 
 
 def figure_label(figure: str) -> str:
     """"pass@8 T=run" for rollout_t_pass@8: the temperature of every sampled figure said in its label."""
     base = figure.removeprefix("rollout_t_")
     name = NAMES.get(base, base)
-    return name if base == "greedy_accuracy" else f"{name} T={'run' if base != figure else '1'}"
+    return name if base.startswith("greedy_") else f"{name} T={'run' if base != figure else '1'}"
 
 
 def shared_figures(arm: list[RunOutcomes], base: list[RunOutcomes]) -> list[str]:
-    """Figures every run of both arms has, in the table's order; T=run ones only where some run's T is not 1."""
+    """Figures every run of both arms has, in the table's order; T=run ones only where some run's T is not 1;
+    reward figures only where some run's rewards are not its correct flags (partial credit)."""
     runs = arm + base
-    order = [k for k, _ in EVAL_COLUMNS if "reward" not in k]
+    partial = {k for k, acc in REWARD_COLUMNS.items()
+               if any(k in r.values and not np.array_equal(r.values[k], r.values.get(acc)) for r in runs)}
+    order = [k for k, _ in EVAL_COLUMNS if "reward" not in k or k in partial]
     figures = [k for k in order if all(k in r.values for r in runs)]
     if all(r.rollout_t == 1.0 for r in runs):  # T=run is the T = 1 pass: its rows would repeat the T=1 ones
         figures = [k for k in figures if not k.startswith("rollout_t_")]

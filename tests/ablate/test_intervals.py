@@ -14,6 +14,7 @@ from scipy.stats import ttest_ind
 
 from jaxrl_llm import cli
 from jaxrl_llm.ablate import intervals
+from jaxrl_llm.ablate.records import REWARD_COLUMNS
 from jaxrl_llm.data.types import TaskItem
 from tests.helpers import done_marker
 
@@ -136,6 +137,13 @@ def _outcomes(seed: int, problems: int = 5):
 def test_problem_values_against_brute_force():
     outcomes, greedy = _outcomes(7)
     problems, values = intervals.problem_values(_rows(outcomes, greedy), 0.5, [1, 2, 4])
+    rewarded = [{**r, "reward": 0.1 * (r["sample"] + 1) + r["correct"]} for r in _rows(outcomes, greedy)]
+    with_rewards = intervals.problem_values(rewarded, 0.5, [1, 2, 4])[1]
+    assert sorted(set(with_rewards) - set(values)) == sorted(REWARD_COLUMNS)
+    for t, prefix in ((1.0, ""), (0.5, "rollout_t_")):
+        want = [np.mean([0.1 * (j + 1) + c for j, c in enumerate(outcomes[t][f"u{i}"])]) for i in range(5)]
+        np.testing.assert_allclose(with_rewards[f"{prefix}sampled_reward_mean"], want, atol=1e-12)
+    np.testing.assert_allclose(with_rewards["greedy_reward_mean"], [0.1 + greedy[f"u{i}"] for i in range(5)])
     assert problems == tuple((f"u{i}", f"q u{i}") for i in range(5))
     assert sorted(values) == sorted(_figures(outcomes, greedy))
     for name, want in _figures(outcomes, greedy).items():
@@ -240,12 +248,16 @@ def test_ablate_ci_end_to_end_and_refuses_an_eval_that_is_not_the_runs(tmp_path,
     assert not (bad / "out" / "intervals.md").exists()
 
 
-def _write_archived(spec_dir, arm, seed, outcomes, greedy, run_row_edit=None, tokens=100):
+def _write_archived(spec_dir, arm, seed, outcomes, greedy, run_row_edit=None, tokens=100, partial=False):
     """A finished run as the archive keeps it when the trainer wrote its per-problem outcomes (train/outcomes.py):
-    config, metrics and the final evaluation's held_out/step2.jsonl; no run folder, checkpoint or eval."""
+    config, metrics and the final evaluation's held_out/step2.jsonl; no run folder, checkpoint or eval. Rewards
+    are the correct flags (a 0/1 task), or with `partial` a rubric's partial credit: 0.75 if correct, else 0.25
+    (the row's reward figures then 0.25 + 0.5 x each accuracy)."""
     from jaxrl_llm.train import outcomes as held_out
 
     figures = _figures(outcomes, greedy)
+    if partial:
+        figures.update({r: 0.25 + 0.5 * figures[a] for r, a in REWARD_COLUMNS.items()})
     record = spec_dir / "archive" / "runs" / arm / f"seed{seed}"
     record.mkdir(parents=True)
     (record / "config.yaml").write_text("train: {steps: 2}\n")
@@ -255,9 +267,42 @@ def _write_archived(spec_dir, arm, seed, outcomes, greedy, run_row_edit=None, to
     (record / "ablation_done.json").write_text(done_marker(spec_dir / "spec.yaml", arm, seed))
     items = [(TaskItem(u, f"q {u}", "7", "exact"), [1]) for u in greedy]
     flags = {0.0: [greedy[u] for u in greedy], **{t: [c for u in greedy for c in outcomes[t][u]] for t in outcomes}}
-    # rewards are not read by the bootstrap: distinct values show that correct flags, not rewards, are counted
-    held_out.write(record, 2, items, {t: (np.arange(len(f)) / 100, np.asarray(f, bool)) for t, f in flags.items()})
+    held_out.write(record, 2, items, {t: (0.25 + 0.5 * np.asarray(f, float) if partial else np.asarray(f, float),
+                                          np.asarray(f, bool)) for t, f in flags.items()})
     return figures
+
+
+def test_partial_credit_rewards_are_bootstrapped_and_checked_against_the_runs_row(tmp_path, capsys):
+    """A rubric task's rewards (partial credit) get their own rows: greedy reward and sampled reward at each
+    temperature, each run's mean checked against its own row first; with rewards 0.25 + 0.5 x correct every
+    reward difference is half the accuracy difference, interval included (the same resamples). 0/1 rewards add
+    no rows (they would repeat the accuracy rows): see the test above."""
+    d = tmp_path
+    (d / "base.yaml").write_text("train: {steps: 2}\n")
+    spec = {"base": str(d / "base.yaml"), "seeds": [0, 1], "out_dir": str(d / "out"), "archive": str(d / "archive"),
+            "arms": {"grpo": [], "m": []}}
+    (d / "spec.yaml").write_text(yaml.safe_dump(spec))
+    for i, arm in enumerate(("grpo", "m")):
+        for s in (0, 1):
+            _write_archived(d, arm, s, *_outcomes(10 * i + s), partial=True)
+    assert cli.main(["ablate-ci", str(d / "spec.yaml"), "--resamples", "2000"]) == 0
+    capsys.readouterr()
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in
+            (d / "archive" / "intervals.md").read_text().splitlines() if line.startswith("| ")}
+
+    def diff_and_interval(label):
+        lo, hi = rows[label][4].strip("[]").split(", ")
+        return float(rows[label][3]), float(lo), float(hi)
+
+    for reward, acc in (("greedy reward", "greedy"), ("sampled reward T=1", "sampled T=1"),
+                        ("sampled reward T=run", "sampled T=run")):
+        assert diff_and_interval(reward) == pytest.approx([0.5 * v for v in diff_and_interval(acc)], abs=1.5e-3)
+    metrics = d / "archive" / "runs" / "m" / "seed0" / "metrics.jsonl"
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    rows[-1]["greedy_reward_mean"] += 0.01  # the run's row no longer what its outcomes give
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert cli.main(["ablate-ci", str(d / "spec.yaml"), "--resamples", "1000"]) == 1
+    assert "greedy_reward_mean" in capsys.readouterr().err
 
 
 def test_ablate_ci_reads_the_trainers_own_outcomes_from_the_archive_alone(tmp_path, capsys):
