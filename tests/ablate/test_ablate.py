@@ -340,6 +340,9 @@ def test_end_to_end_two_arms_through_the_real_trainer(tmp_path, monkeypatch, cap
         done = json.loads((out / arm / "seed0" / "ablation_done.json").read_text())
         assert done["command"][:6] == [sys.executable, "-m", "jaxrl_llm.cli", "train", "--config", str(base)]
         assert "train.seed=0" in (out / arm / "seed0" / "train.log").read_text()
+    # the arms sample their evaluations at other temperatures: each makes its own, none is shared
+    assert len(list((out / "start_evals").glob("*.json"))) == 2
+    assert "start_reused" not in (out / "hot" / "seed0" / "metrics.jsonl").read_text()
     md = (out / "results.md").read_text()
     assert "| cool | 2 | 1 |" in md and "| hot | 2 | 1 |" in md and "| cool | 0 | 1 |" in md and "Missing" not in md
     rows = list(csv.DictReader(io.StringIO((out / "results.csv").read_text())))
