@@ -140,8 +140,9 @@ def run_grid(spec: Spec, todo: list[tuple[str, int]], parallel: int = 1, already
              run_s: float | None = None) -> tuple[list, int | None, list]:
     """Train the (arm, seed) runs of `todo`, `parallel` at a time; the progress bar also counts the
     `already` finished runs of the grid. With `deadline` (a time.time() value) a run expected to end after it
-    is not started; a run is expected to take `run_s` seconds if given, else run_seconds(spec, arm). Returns the failures as (arm, seed, why), the signal that stopped the grid (None if it ran
-    through) and the runs left for the deadline as (arm, seed, estimated seconds)."""
+    is not started; a run is expected to take `run_s` seconds if given, else run_seconds(spec, arm). Returns the
+    failures as (arm, seed, why), the signal that stopped the grid (None if it ran through) and the runs left for
+    the deadline as (arm, seed, estimated seconds)."""
     from tqdm import tqdm
 
     pending, running, failed, started, left = list(todo), {}, [], {}, []

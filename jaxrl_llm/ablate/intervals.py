@@ -42,8 +42,8 @@ from pathlib import Path
 import numpy as np
 
 from jaxrl_llm.ablate.grid import OFFLINE_ENV, log_tail
-from jaxrl_llm.ablate.records import (EVAL_COLUMNS, EVAL_KS, REWARD_COLUMNS, Stat, aggregate, by_step, load_rows, run_steps,
-                                      run_summary)
+from jaxrl_llm.ablate.records import (EVAL_COLUMNS, EVAL_KS, REWARD_COLUMNS, Stat, aggregate, by_step, load_rows,
+                                      run_steps, run_summary)
 from jaxrl_llm.ablate.spec import Spec, SpecError
 from jaxrl_llm.train import outcomes
 
