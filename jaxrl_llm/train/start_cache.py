@@ -25,11 +25,12 @@ import numpy as np
 
 # config keys that act only after the step-0 evaluation: a run that differs from another only in these starts
 # from the same weights (the digest checks that) and evaluates them the same way
-AFTER_START = ("explore", "algo", "optim", "eval.every", "eval.start_cache", "train.steps", "train.checkpoint_every",
-               "train.keep_checkpoints", "train.async_checkpoint", "train.tensorboard", "train.export_final",
-               "train.memory_check", "train.device_memory_gib", "train.maintenance_url", "train.out_dir", "train.resume",
-               "train.overwrite", "train.accept_changes", "train.watchdog_floor_s", "train.watchdog_ceiling_s", "train.watchdog_stale_s", "reward.workers",
-               "reward.start_retries", "logging")
+AFTER_START = ("explore", "algo", "optim", "eval.every", "eval.start_cache", "train.steps",
+               "train.checkpoint_every", "train.keep_checkpoints", "train.async_checkpoint", "train.tensorboard",
+               "train.export_final", "train.memory_check", "train.device_memory_gib", "train.maintenance_url",
+               "train.out_dir", "train.resume", "train.overwrite", "train.accept_changes", "train.watchdog_floor_s",
+               "train.watchdog_ceiling_s", "train.watchdog_stale_s", "reward.workers", "reward.start_retries",
+               "logging")
 VERSION = 1
 
 
