@@ -8,7 +8,8 @@ act after step 0). With a cache folder, a run keeps its step-0 evaluation there 
   after step 0 (AFTER_START), and
 - a digest of its starting weights (after any SFT: every byte of every parameter, `params_digest`),
 and a later run with the same key takes the row and the per-problem outcomes from there instead of sampling
-them again. What it writes is the stored row (its `time_eval_s` the evaluation's own, so that arms' wall
+them again. (An explorer may widen the sampler's context bucket, RRL's prefixes; over the archived RRL grids that
+left every step-0 figure equal too.) What it writes is the stored row (its `time_eval_s` the evaluation's own, so that arms' wall
 times stay comparable) with `start_reused: 1`; the log names the entry. Anything else evaluates: another key,
 an entry that cannot be read (said in the log, never fatal), more than one process (the decision would have
 to be agreed across hosts).
@@ -44,11 +45,18 @@ def params_digest(params) -> str:
     return h.hexdigest()
 
 
+# ...except where the evaluation reads them: test-time revise rounds fill HeRL's revise template
+READ_BY_EVAL = {"explore.herl.revise_template": "eval.revise_rounds"}
+
+
 def compared(record: dict) -> dict:
     """The flat config record less the keys that act only after step 0."""
     from jaxrl_llm.train.run_dir import matches
 
-    return {k: v for k, v in sorted(record.items()) if not matches(k, AFTER_START)}
+    def acts_before(k):
+        return not matches(k, AFTER_START) or bool(record.get(READ_BY_EVAL.get(k, ""), 0))
+
+    return {k: v for k, v in sorted(record.items()) if acts_before(k)}
 
 
 def entry_path(cache_dir, record: dict, digest: str) -> Path:

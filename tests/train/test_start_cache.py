@@ -67,6 +67,11 @@ def test_the_key_holds_what_acts_before_step_1_and_the_weights():
                    "train.seed=3", "eval.revise_rounds=1", "sft.steps=3", "data.train_size=33", "mesh.fsdp=2"):
         assert start_cache.entry_path("c", config_record(load_config(TOY, [before])), "w") != key, before
     assert start_cache.entry_path("c", config_record(base), "w2") != key
+    # HeRL's revise template acts after step 0, except where the evaluation's revise rounds fill it
+    template = "explore.herl.revise_template=Again: {question} {draft} {met} {unmet}"
+    for rounds, same in (("eval.revise_rounds=0", True), ("eval.revise_rounds=1", False)):
+        a, b = (config_record(load_config(TOY, [rounds, *extra])) for extra in ([], [template]))
+        assert (start_cache.entry_path("c", a, "w") == start_cache.entry_path("c", b, "w")) is same, rounds
 
 
 def test_the_weights_digest_sees_one_ulp_a_dtype_and_a_name():
