@@ -7,12 +7,12 @@ act after step 0). With a cache folder, a run keeps its step-0 evaluation there 
 - its config as flat keys (run_dir.config_record: the files it names by content), less the keys that act only
   after step 0 (AFTER_START), and
 - a digest of its starting weights (after any SFT: every byte of every parameter, `params_digest`),
-and a later run with the same key takes the row and the per-problem outcomes from there instead of sampling
-them again. (An explorer may widen the sampler's context bucket, RRL's prefixes; over the archived RRL grids that
-left every step-0 figure equal too.) What it writes is the stored row (its `time_eval_s` the evaluation's own,
-so that arms' wall times stay comparable) with `start_reused: 1`; the log names the entry. Anything else evaluates: another key,
-an entry that cannot be read (said in the log, never fatal), more than one process (the decision would have
-to be agreed across hosts).
+and a later run with the same key takes the row and the per-problem outcomes from there instead of sampling them
+again. (An explorer may widen the sampler's context bucket, RRL's prefixes; over the archived RRL grids that left
+every step-0 figure equal too.) What it writes is the stored row (its `time_eval_s` the evaluation's own, so that
+arms' wall times stay comparable) with `start_reused: 1`; the log names the entry. Anything else evaluates: another
+key, an entry that cannot be read (said in the log, never fatal), more than one process (the decision would have to
+be agreed across hosts).
 """
 
 from __future__ import annotations
