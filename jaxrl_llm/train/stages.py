@@ -52,17 +52,16 @@ def eval_stage(run, writer, pool, kind: str, label: str) -> dict:
 def start_eval(run, writer, pool) -> dict:
     """The step-0 evaluation; with eval.start_cache, taken from a run that started from the same weights with the
     same evaluation when one is kept there, else made and kept (train/start_cache.py)."""
-    cache, out_dir = run.cfg.eval.start_cache, run.cfg.train.out_dir
+    cache, step0 = run.cfg.eval.start_cache, held_out_outcomes.path(run.cfg.train.out_dir, 0)
     if not cache or jax.process_count() > 1:
         return eval_stage(run, writer, pool, "eval", "step 0")
     digest = start_cache.params_digest(run.state.params)
     entry = start_cache.load(cache, run.folder.record, digest, run.log)
     if entry is None:
         result = eval_stage(run, writer, pool, "eval", "step 0")
-        outcomes = held_out_outcomes.path(out_dir, 0)
         try:
             kept = start_cache.store(cache, run.folder.record, digest, result,
-                                     outcomes.read_text() if outcomes.is_file() else "", out_dir)
+                                     step0.read_text() if step0.is_file() else "", run.cfg.train.out_dir)
             run.log(f"step 0: evaluation kept for runs that start like this one ({kept})")
         except OSError as e:  # a cache that cannot be written costs later runs an evaluation, not this run
             run.log(f"step 0: the evaluation could not be kept in {cache} ({type(e).__name__}: {e})")
@@ -70,8 +69,8 @@ def start_eval(run, writer, pool) -> dict:
     result = {**entry["row"], "start_reused": 1}
     write(run, writer, 0, result, "eval")
     if entry["outcomes"]:
-        held_out_outcomes.path(out_dir, 0).parent.mkdir(parents=True, exist_ok=True)
-        replace_text(held_out_outcomes.path(out_dir, 0), entry["outcomes"])
+        step0.parent.mkdir(parents=True, exist_ok=True)
+        replace_text(step0, entry["outcomes"])
     run.log(f"step 0 held-out (taken from {entry['source']}: same weights, same evaluation): {fmt(result)}")
     return result
 
