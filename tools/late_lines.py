@@ -208,6 +208,8 @@ def main(argv=None) -> int:
         for seed in spec.seeds:
             record = spec.record(arm, seed)
             path = keep / arm / f"seed{seed}.json"
+            if (again.run_dir(arm, seed) / DONE).is_file() and not (again.archived(arm, seed) / DONE).is_file():
+                archive_run(again, arm, seed)  # trained again by an earlier call that stopped before keeping it
             if path.is_file():
                 counts.setdefault(arm, {})[seed] = lines.LineCounts.from_json(path.read_text(), str(path))
             if record is None or args.report_only or path.is_file():
