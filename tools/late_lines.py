@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jaxrl_llm.ablate import lines  # noqa: E402
 from jaxrl_llm.ablate.grid import OFFLINE_ENV, log_tail, run_grid, run_prepare  # noqa: E402
-from jaxrl_llm.ablate.records import aggregate, archive_run, by_step, load_rows, run_steps  # noqa: E402
+from jaxrl_llm.ablate.records import (aggregate, archive_run, by_step, load_rows, run_steps,  # noqa: E402
+                                      run_summary)
 from jaxrl_llm.ablate.spec import DONE, Spec, SpecError, load_spec  # noqa: E402
 
 FIGURE_KEYS = ("greedy_accuracy", "sampled_accuracy", "pass@8", "never_solved_share", "sampled_tokens")
@@ -76,6 +77,11 @@ def eval_counts(argv: list[str], out: Path, exprs: dict[str, str], counts_path: 
 
 def eval_rows(record: Path) -> dict[int, dict]:
     return by_step(load_rows(record / "metrics.jsonl"), "eval")
+
+
+def final_summary(record: Path) -> dict:
+    """The run's final evaluation figures and its budget (training sampled tokens, wall time)."""
+    return run_summary(load_rows(record / "metrics.jsonl"), run_steps(record))["final"]
 
 
 def differences(mine: dict, theirs: dict) -> dict[str, float]:
@@ -152,16 +158,17 @@ def table(spec: Spec, arms: list[str], baseline: str, start: lines.LineCounts, c
         out += [f"- {arm} seed {seed}: {reproduces(folder, spec.record(arm, seed))}"
                 for (arm, seed), folder in sorted(retrained.items())]
         cols = ("greedy_accuracy", "sampled_accuracy", "pass@8", "sampled_tokens")
-        out += ["", "Held-out evaluation at the final step (mean ± std over seeds), the runs trained again beside the "
-                "archived ones:", "", "| arm | runs | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
+        out += ["", "Held-out evaluation at the final step (mean ± std over seeds; sampled tokens: the training "
+                "rollouts'), the runs trained again beside the archived ones:", "",
+                "| arm | runs | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
         for arm in arms:
             for label, folders in (("trained again", [f for (a, _), f in sorted(retrained.items()) if a == arm]),
                                    ("archived", [spec.record(arm, s) for (a, s) in sorted(retrained) if a == arm])):
-                rows = [eval_rows(f)[run_steps(f)] for f in folders if f is not None]
-                if rows:
-                    out.append(f"| {arm} | {label} ({len(rows)}) | " + " | ".join(
-                        stat(aggregate([float(r[c]) for r in rows if c in r])) if c != "sampled_tokens" else
-                        f"{aggregate([float(r[c]) for r in rows]).mean:,.0f}" for c in cols) + " |")
+                finals = [final_summary(f) for f in folders if f is not None]
+                if finals:
+                    out.append(f"| {arm} | {label} ({len(finals)}) | " + " | ".join(
+                        (stat(aggregate([r[c] for r in finals if r.get(c) is not None])) if c != "sampled_tokens"
+                         else f"{aggregate([r[c] for r in finals]).mean:,.0f}") for c in cols) + " |")
         if len(retrained) != sum(len(v) for v in counts.values()):
             out += ["", "**Mixed sources**: some runs were sampled from their own checkpoints and some trained "
                     "again; a run trained again on another machine may start from another warm start (see step 0 "
