@@ -34,9 +34,6 @@ from jaxrl_llm.ablate.records import (aggregate, archive_run, by_step, load_rows
                                       run_summary)
 from jaxrl_llm.ablate.spec import DONE, Spec, SpecError, load_spec  # noqa: E402
 
-FIGURE_KEYS = ("greedy_accuracy", "sampled_accuracy", "pass@8", "never_solved_share", "sampled_tokens")
-
-
 def expressions(spec: Spec) -> tuple[dict[str, str], int]:
     """(each training problem's uid -> its arithmetic expression, data.train_size): the spec's data, as every
     arm loads it."""
@@ -118,18 +115,24 @@ def stat(s) -> str:
 
 
 def table(spec: Spec, arms: list[str], baseline: str, start: lines.LineCounts, counts: dict, retrained: dict,
-          samples: int, start_samples: int, resamples: int) -> str:
+          resamples: int) -> str:
+    # every run's problems in the starting policy's order: "unsolved at start" indexes them
+    counts = {arm: dict(zip(by_seed, lines.aligned(list(by_seed.values()), start.uids, f"{spec.path}: arm {arm}")))
+              for arm, by_seed in counts.items()}
+    samples = sorted({int(n) for by_seed in counts.values() for c in by_seed.values() for n in set(c.samples)})
+    start_samples = int(start.samples.max())
     hard = lines.unsolved(start)
     start_late = lines.value(*start.late())
     n_lines = int(start.lines.max())
     out = [f"# Late lines: {spec.path}", "",
-           f"Produced by `python tools/late_lines.py {spec.path} --arms {','.join(arms)}` (`--report-only` redoes this "
-           f"table from the counts in late_lines/). Training problems ({len(start.uids)}), sampled at T = 1: "
-           f"{samples} samples per problem from each run's final checkpoint, {start_samples} from the starting "
-           f"policy. Late lines: of the samples whose first n // 2 lines are right (n = {n_lines} here), the share "
-           f"whose remaining lines are all right. Unsolved at start: the {len(hard)} problems none of the starting "
-           f"policy's {start_samples} samples solved. Intervals: paired bootstrap over seeds and problems "
-           f"({resamples} draws), Welch p over the seeds' figures (jaxrl_llm/ablate/lines.py).", "",
+           f"Produced by `python tools/late_lines.py {spec.path} --arms {','.join(arms)}"
+           f"{'' if baseline == 'grpo' else f' --baseline {baseline}'}` (`--report-only` redoes this table from the "
+           f"counts in late_lines/). Training problems ({len(start.uids)}), sampled at T = 1: "
+           f"{'/'.join(map(str, samples))} samples per problem from each run's final checkpoint, {start_samples} from "
+           f"the starting policy. Late lines: of the samples whose first n // 2 lines are right (n = {n_lines} "
+           f"here), the share whose remaining lines are all right. Unsolved at start: the {len(hard)} problems "
+           f"none of the starting policy's {start_samples} samples solved. Intervals: paired bootstrap over seeds "
+           f"and problems ({resamples} draws), Welch p over the seeds' figures (jaxrl_llm/ablate/lines.py).", "",
            f"Starting policy: accuracy {lines.value(*lines.figures(start, hard)['accuracy']):.3f}, late lines "
            f"{start_late:.3f}, per line " + ", ".join(f"{k}: {fmt(start.cond(k))}" for k in range(1, n_lines + 1)),
            ""]
@@ -237,8 +240,7 @@ def main(argv=None) -> int:
                  str(args.samples), "--temperature", "1"], root / "eval" / arm / f"seed{seed}", exprs, path, log)
     retrained = {(arm, seed): again.archived(arm, seed) for arm in arms for seed in spec.seeds
                  if (again.archived(arm, seed) / DONE).is_file()}
-    text = table(spec, arms, args.baseline, start, counts, retrained, args.samples, args.start_samples,
-                 args.resamples)
+    text = table(spec, arms, args.baseline, start, counts, retrained, args.resamples)
     keep.mkdir(parents=True, exist_ok=True)
     (keep.parent / "late_lines.md").write_text(text)
     print(text)
