@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -52,11 +53,49 @@ def expressions(spec: Spec) -> tuple[dict[str, str], int]:
     return {it.uid: json.loads(it.entry_json)["metadata"]["expression"] for it in train}, cfg.data.train_size
 
 
-def eval_counts(argv: list[str], out: Path, exprs: dict[str, str], counts_path: Path, log) -> lines.LineCounts:
-    """Counts from `jaxrl-llm eval argv --out out` (run once; its completions reused), kept in counts_path."""
+def load_model_name(spec: Spec) -> str:
+    """The warm start every run of the spec starts from (expressions() checks there is one)."""
+    from jaxrl_llm.config import load_config
+
+    return load_config(spec.base, list(spec.overrides)).model.name
+
+
+def weights_digest(model_dir: str) -> str:
+    """sha256 over the model folder's weight files: which warm start a run started from."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise SpecError(f"{model_dir}: no *.safetensors to fingerprint the warm start by")
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode())
+        with f.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()[:16]
+
+
+def stale(c: lines.LineCounts, want: dict) -> str | None:
+    """Why kept counts are not those of `want` (their source: run, step, samples, warm start), else None."""
+    bad = [f"{k} {c.source.get(k)!r} (now {v!r})" for k, v in want.items() if c.source.get(k) != v]
+    return "; ".join(bad) or None
+
+
+def eval_counts(argv: list[str], out: Path, exprs: dict[str, str], counts_path: Path, source: dict,
+                log) -> lines.LineCounts:
+    """Counts of `jaxrl-llm eval argv --out out` (sampled once: its completions are reused while they are of the
+    same checkpoint step and sample count), kept in counts_path with `source`; kept counts of another source
+    (another run, step, sample count or warm start) are made again."""
     if counts_path.is_file():
-        return lines.LineCounts.from_json(counts_path.read_text(), str(counts_path))
-    if not (out / "completions.jsonl").is_file():
+        c = lines.LineCounts.from_json(counts_path.read_text(), str(counts_path))
+        why = stale(c, source)
+        if why is None:
+            return c
+        log(f"{counts_path}: counted from another source ({why}); counting again")
+    summary = out / "summary.json"
+    done = summary.is_file() and (out / "completions.jsonl").is_file() and {
+        k: json.loads(summary.read_text()).get(k) for k in ("step", "samples")} == {
+        "step": source["step"], "samples": source["samples"]}
+    if not done:
         cmd = [sys.executable, "-m", "jaxrl_llm.cli", "eval", *argv, "--out", str(out)]
         log(f"sampling: {' '.join(cmd)}")
         out.mkdir(parents=True, exist_ok=True)
@@ -66,7 +105,7 @@ def eval_counts(argv: list[str], out: Path, exprs: dict[str, str], counts_path: 
         if rc != 0 or not (out / "completions.jsonl").is_file():
             raise SpecError(f"`{' '.join(cmd)}` failed (exit code {rc}); last lines of {out / 'eval.log'}:\n"
                             f"{log_tail(out / 'eval.log')}")
-    c = lines.count_lines(load_rows(out / "completions.jsonl"), exprs, 1.0, str(out / "completions.jsonl"))
+    c = lines.count_lines(load_rows(out / "completions.jsonl"), exprs, 1.0, str(out / "completions.jsonl"), source)
     counts_path.parent.mkdir(parents=True, exist_ok=True)
     counts_path.write_text(c.to_json() + "\n")
     return c
@@ -119,6 +158,11 @@ def table(spec: Spec, arms: list[str], baseline: str, start: lines.LineCounts, c
     # every run's problems in the starting policy's order: "unsolved at start" indexes them
     counts = {arm: dict(zip(by_seed, lines.aligned(list(by_seed.values()), start.uids, f"{spec.path}: arm {arm}")))
               for arm, by_seed in counts.items()}
+    other = [f"{arm} seed {seed} ({c.source.get('warm_start')})" for arm, by_seed in counts.items()
+             for seed, c in by_seed.items() if c.source.get("warm_start") != start.source.get("warm_start")]
+    if other:  # "unsolved at start" and every difference assume one starting policy
+        raise SpecError(f"{spec.path}: runs counted from another warm start than the starting policy's "
+                        f"({start.source.get('warm_start')}): {', '.join(other)}; count them again on one machine")
     samples = sorted({int(n) for by_seed in counts.values() for c in by_seed.values() for n in set(c.samples)})
     start_samples = int(start.samples.max())
     hard = lines.unsolved(start)
@@ -130,7 +174,10 @@ def table(spec: Spec, arms: list[str], baseline: str, start: lines.LineCounts, c
            f"counts in late_lines/). Training problems ({len(start.uids)}), sampled at T = 1: "
            f"{'/'.join(map(str, samples))} samples per problem from each run's final checkpoint, {start_samples} from "
            f"the starting policy. Late lines: of the samples whose first n // 2 lines are right (n = {n_lines} "
-           f"here), the share whose remaining lines are all right. Unsolved at start: the {len(hard)} problems "
+           f"here), the share whose remaining lines are all right (a line is right when it is the reference's "
+           f"line); late_lines_scored counts only those the scorer also calls correct (text after the last line "
+           f"can make a sample wrong). Warm start {start.source.get('warm_start')} (sha256 of its weights). "
+           f"Unsolved at start: the {len(hard)} problems "
            f"none of the starting policy's {start_samples} samples solved. Intervals: paired bootstrap over seeds "
            f"and problems ({resamples} draws), Welch p over the seeds' figures (jaxrl_llm/ablate/lines.py).", "",
            f"Starting policy: accuracy {lines.value(*lines.figures(start, hard)['accuracy']):.3f}, late lines "
@@ -154,7 +201,9 @@ def table(spec: Spec, arms: list[str], baseline: str, start: lines.LineCounts, c
             cmp = {line["figure"]: line for line in lines.compare(figs[arm], figs[baseline], resamples)}
             out.append(f"| {arm} | " + " | ".join(
                 f"{cmp[f]['diff']:+.3f} [{cmp[f]['lo']:+.3f}, {cmp[f]['hi']:+.3f}]"
-                + ("" if math.isnan(cmp[f]["welch_p"]) else f" (p {cmp[f]['welch_p']:.2g})") for f in names) + " |")
+                + ("" if math.isnan(cmp[f]["welch_p"]) else f" (p {cmp[f]['welch_p']:.2g})")
+                + (f" ({cmp[f]['dropped']} draws without a figure)" if cmp[f]["dropped"] else "") for f in names)
+                + " |")
     if retrained:
         out += ["", "Runs trained again for their final checkpoints (the record's command, another folder; records in "
                 "late_lines/runs/). Against the archived record of the same arm and seed:", ""]
@@ -204,27 +253,38 @@ def main(argv=None) -> int:
     exprs, train_size = expressions(spec)
     # overrides (a.b=value) first: argparse takes the positional ones only before the options
     split = ["eval.split=train", f"eval.size={train_size}"]
+    warm = None
     if args.report_only:
         start = lines.LineCounts.from_json((keep / "start.json").read_text(), str(keep / "start.json"))
     else:
         problem, stopped = run_prepare(spec)
         if problem or stopped:
             raise SystemExit(problem or f"stopped by signal {stopped}")
+        warm = weights_digest(load_model_name(spec))
         start = eval_counts(["--config", spec.base, *spec.overrides, f"train.out_dir={root / 'start_policy'}", *split,
-                             "--samples", str(args.start_samples), "--temperature", "1"],
-                            root / "eval" / "start", exprs, keep / "start.json", log)
+                             "--samples", str(args.start_samples), "--temperature", "1"], root / "eval" / "start",
+                            exprs, keep / "start.json", {"run": "start", "step": 0, "samples": args.start_samples,
+                                                         "warm_start": warm}, log)
     counts = {}
     for arm in arms:
         for seed in spec.seeds:
-            record = spec.record(arm, seed)
+            record = spec.record(arm, seed)  # refuses a record the spec's command no longer trains
             path = keep / arm / f"seed{seed}.json"
             if (again.run_dir(arm, seed) / DONE).is_file() and not (again.archived(arm, seed) / DONE).is_file():
                 archive_run(again, arm, seed)  # trained again by an earlier call that stopped before keeping it
-            if path.is_file():
-                counts.setdefault(arm, {})[seed] = lines.LineCounts.from_json(path.read_text(), str(path))
-            if record is None or args.report_only or path.is_file():
+            if record is None:
+                if path.is_file():
+                    log(f"{path}: left out, the spec has no finished run {arm} seed {seed}")
+                continue
+            if args.report_only:
+                if path.is_file():
+                    counts.setdefault(arm, {})[seed] = lines.LineCounts.from_json(path.read_text(), str(path))
                 continue
             steps = run_steps(record)
+            source = {"run": f"{arm}/seed{seed}", "step": steps, "samples": args.samples, "warm_start": warm}
+            if path.is_file() and stale(lines.LineCounts.from_json(path.read_text(), str(path)), source) is None:
+                counts.setdefault(arm, {})[seed] = lines.LineCounts.from_json(path.read_text(), str(path))
+                continue
             run_dir = spec.run_dir(arm, seed)
             if not (run_dir / "checkpoints" / str(steps)).is_dir():
                 run_dir = again.run_dir(arm, seed)
@@ -237,7 +297,8 @@ def main(argv=None) -> int:
                 log(f"{arm} seed {seed} trained again vs its record: {reproduces(run_dir, record)}")
             counts.setdefault(arm, {})[seed] = eval_counts(
                 ["--config", str(run_dir / "config.yaml"), *split, "--step", str(steps), "--samples",
-                 str(args.samples), "--temperature", "1"], root / "eval" / arm / f"seed{seed}", exprs, path, log)
+                 str(args.samples), "--temperature", "1"], root / "eval" / arm / f"seed{seed}", exprs, path, source,
+                log)
     retrained = {(arm, seed): again.archived(arm, seed) for arm in arms for seed in spec.seeds
                  if (again.archived(arm, seed) / DONE).is_file()}
     text = table(spec, arms, args.baseline, start, counts, retrained, args.resamples)

@@ -8,7 +8,9 @@ checkpoint is needed once, and the counts (`LineCounts.to_json`) keep the figure
 - reach[p, k]: samples of problem p whose first k lines are all right (k = 0: every sample), as
   jaxrl_llm.data.worked.first_error reads a line;
 - late line success: of the samples whose first h = n // 2 lines are right (n: the problem's lines), the share
-  whose remaining lines are right too: P(lines h+1..n right | lines 1..h right), pooled over samples;
+  whose remaining lines are right too: P(lines h+1..n right | lines 1..h right), pooled over samples. A line is
+  right when it is the reference's line (first_error); a sample can have every line right and still be scored
+  wrong (text after the last line), so `late_lines_scored` counts in its numerator only samples that are both;
 - pass@k on the problems the starting policy never solved (0 of its samples right): the unbiased estimator per
   problem, averaged over those problems.
 
@@ -18,7 +20,9 @@ of jaxrl_llm/ablate/intervals.py); a pooled share is resampled as a ratio of the
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,15 +41,19 @@ class LineCounts:
     lines: np.ndarray  # [P] the worked solution's number of lines
     solved: np.ndarray  # [P] samples scored correct
     reach: np.ndarray  # [P, L + 1] samples whose first k lines are right (column 0: all samples)
+    whole: np.ndarray  # [P] samples with every line right AND scored correct (text after the last line can fail)
+    source: dict = dataclasses.field(default_factory=dict, compare=False)  # what was sampled: run, step, weights
 
     @property
     def samples(self) -> np.ndarray:
         return self.reach[:, 0]
 
-    def late(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per problem: (samples with every line right, samples with the first n // 2 lines right)."""
+    def late(self, scored: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Per problem: (samples with every line right, samples with the first n // 2 lines right); `scored`:
+        the first counts only samples the scorer also calls correct."""
         idx = np.arange(len(self.uids))
-        return self.reach[idx, self.lines].astype(float), self.reach[idx, self.lines // 2].astype(float)
+        num = self.whole if scored else self.reach[idx, self.lines]
+        return num.astype(float), self.reach[idx, self.lines // 2].astype(float)
 
     def cond(self, k: int) -> float:
         """Pooled P(line k right | lines 1..k-1 right) over the problems that have a line k."""
@@ -54,26 +62,31 @@ class LineCounts:
         return float(self.reach[has, k].sum() / den) if den else float("nan")
 
     def to_json(self) -> str:
-        return json.dumps({"uids": list(self.uids), "lines": self.lines.tolist(), "solved": self.solved.tolist(),
-                           "reach": self.reach.tolist()})
+        return json.dumps({"source": self.source, "uids": list(self.uids), "lines": self.lines.tolist(),
+                           "solved": self.solved.tolist(), "reach": self.reach.tolist(), "whole": self.whole.tolist()})
 
     @classmethod
     def from_json(cls, text: str, where: str = "counts") -> "LineCounts":
         try:
             d = json.loads(text)
             c = cls(tuple(d["uids"]), np.asarray(d["lines"], int), np.asarray(d["solved"], int),
-                    np.asarray(d["reach"], int))
+                    np.asarray(d["reach"], int), np.asarray(d["whole"], int), dict(d["source"]))
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{where}: not line counts ({type(e).__name__}: {e})") from None
         p = len(c.uids)
-        if c.lines.shape != (p,) or c.solved.shape != (p,) or c.reach.ndim != 2 or c.reach.shape[0] != p:
+        if (c.lines.shape != (p,) or c.solved.shape != (p,) or c.whole.shape != (p,) or c.reach.ndim != 2
+                or c.reach.shape[0] != p):
             raise ValueError(f"{where}: shapes disagree (uids {p}, lines {c.lines.shape}, solved {c.solved.shape}, "
-                             f"reach {c.reach.shape})")
+                             f"whole {c.whole.shape}, reach {c.reach.shape})")
         return c
+
+    def reordered(self, uids: tuple[str, ...]) -> "LineCounts":
+        o = np.array([self.uids.index(u) for u in uids], int)
+        return LineCounts(uids, self.lines[o], self.solved[o], self.reach[o], self.whole[o], self.source)
 
 
 def count_lines(completions: list[dict], expressions: dict[str, str], temperature: float = 1.0,
-                where: str = "completions") -> LineCounts:
+                where: str = "completions", source: dict | None = None) -> LineCounts:
     """Count the samples at `temperature` of `completions` (jaxrl-llm eval's completions.jsonl rows) per problem;
     `expressions`: each uid's arithmetic expression. A row whose uid has no expression is an error (the
     completions are of another task or problem set)."""
@@ -87,13 +100,15 @@ def count_lines(completions: list[dict], expressions: dict[str, str], temperatur
                          f"not this config's training problems")
     where_p = {u: i for i, u in enumerate(uids)}
     lines = np.array([len(steps(expressions[u])) for u in uids])
-    solved = np.zeros(len(uids), int)
+    solved, whole = np.zeros(len(uids), int), np.zeros(len(uids), int)
     reach = np.zeros((len(uids), int(lines.max()) + 1), int)
     for r in rows:
         p = where_p[r["uid"]]
+        right = first_error(r["completion"], expressions[r["uid"]])
         solved[p] += bool(r["correct"])
-        reach[p, :first_error(r["completion"], expressions[r["uid"]]) + 1] += 1
-    return LineCounts(uids, lines, solved, reach)
+        whole[p] += bool(r["correct"]) and right == lines[p]
+        reach[p, :right + 1] += 1
+    return LineCounts(uids, lines, solved, reach, whole, dict(source or {}))
 
 
 def unsolved(start: LineCounts) -> np.ndarray:
@@ -113,14 +128,14 @@ def aligned(runs: list[LineCounts], uids: tuple[str, ...], where: str) -> list[L
         if set(c.uids) != set(uids):
             raise ValueError(f"{where}: run {i} sampled another problem set ({len(c.uids)} problems, "
                              f"{len(set(c.uids) ^ set(uids))} differ from the start's)")
-        order = np.array([c.uids.index(u) for u in uids])
-        out.append(LineCounts(uids, c.lines[order], c.solved[order], c.reach[order]))
+        out.append(c.reordered(uids))
     return out
 
 
 def figures(c: LineCounts, base_unsolved: np.ndarray, ks=(1, 2, 4, 8)) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Each figure as per-problem (numerator, denominator) arrays: the figure is sum(num) / sum(den)."""
-    out = {"accuracy": (c.solved.astype(float), c.samples.astype(float)), "late_lines": c.late()}
+    out = {"accuracy": (c.solved.astype(float), c.samples.astype(float)), "late_lines": c.late(),
+           "late_lines_scored": c.late(scored=True)}
     ones, fewest = np.ones(len(base_unsolved)), int(c.samples.min()) if len(c.uids) else 0
     for k in ks:
         if k <= fewest:
@@ -150,7 +165,12 @@ def resample_ratio_differences(arm_num_SxPxF, arm_den_SxPxF, base_num_SxPxF, bas
         per = [(weights_BxP @ v.transpose(1, 0, 2).reshape(p, s * f)).reshape(resamples, s, f)
                for v in (num_SxPxF, den_SxPxF)]
         with np.errstate(invalid="ignore", divide="ignore"):
-            return np.einsum("bs,bsf->bf", seeds_BxS, per[0] / per[1])
+            ratio = per[0] / per[1]
+        drawn = (seeds_BxS > 0)[:, :, None]
+        # a seed not drawn counts for nothing (0 x NaN would be NaN); a drawn seed whose resampled denominator is 0
+        # has no figure, and neither has the resample (NaN: compare() counts and leaves it out)
+        value = np.einsum("bs,bsf->bf", seeds_BxS, np.where(drawn, np.nan_to_num(ratio), 0.0))
+        return np.where((drawn & np.isnan(ratio)).any(axis=1), np.nan, value)
 
     return arm_means(arm_num_SxPxF, arm_den_SxPxF) - arm_means(base_num_SxPxF, base_den_SxPxF)
 
@@ -165,9 +185,10 @@ def compare(arm: list[dict], base: list[dict], resamples: int = 10000, seed: int
         stack = [[np.stack([r[f][i] for r in runs])[:, :, None] for i in (0, 1)] for runs in (arm, base)]
         diffs = resample_ratio_differences(stack[0][0], stack[0][1], stack[1][0], stack[1][1], resamples,
                                            np.random.default_rng(seed))[:, 0]
-        lo, hi = np.nanpercentile(diffs, [50 * (1 - LEVEL), 50 * (1 + LEVEL)])
+        kept = diffs[~np.isnan(diffs)]
+        lo, hi = np.percentile(kept, [50 * (1 - LEVEL), 50 * (1 + LEVEL)]) if len(kept) else (math.nan, math.nan)
         per_run = [np.array([value(*r[f]) for r in runs]) for runs in (arm, base)]
         lines.append({"figure": f, "arm": aggregate(per_run[0].tolist()), "base": aggregate(per_run[1].tolist()),
                       "diff": float(per_run[0].mean() - per_run[1].mean()), "lo": float(lo), "hi": float(hi),
-                      "welch_p": welch_p(*per_run)})
+                      "welch_p": welch_p(*per_run), "dropped": int(len(diffs) - len(kept))})
     return lines

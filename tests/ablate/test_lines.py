@@ -2,6 +2,7 @@
 step profile of jaxrl_llm.data.worked, brute-force pass@k over every subset, and a bootstrap written out
 resample by resample."""
 
+import dataclasses
 import itertools
 import json
 import shutil
@@ -35,20 +36,22 @@ def _answer(expr, rng):
     return "\n".join(got)
 
 
-def _completions(exprs, rng, samples):
+def _completions(exprs, rng, samples, trailing=0.0):
+    """Samples of every problem; with `trailing`, that share of the all-lines-right ones is scored wrong (as text
+    after the last line makes a scorer do)."""
     rows = []
     for uid, expr in exprs.items():
         for j in range(samples):
             text = _answer(expr, rng)
             rows.append({"uid": uid, "completion": text, "temperature": 1.0, "sample": j,
-                         "correct": first_error(text, expr) == len(steps(expr))})
+                         "correct": first_error(text, expr) == len(steps(expr)) and rng.random() >= trailing})
     return rows
 
 
 def test_counts_match_the_step_profile_and_a_per_sample_count():
     rng = np.random.default_rng(0)
     exprs = _problems(rng)
-    rows = _completions(exprs, rng, 6)
+    rows = _completions(exprs, rng, 6, trailing=0.3)
     greedy = [{**r, "temperature": 0.0, "completion": "nonsense"} for r in rows[:12]]  # another pass: not counted
     c = lines.count_lines(rows + greedy, exprs)
     profile = step_profile([r["completion"] for r in rows], [exprs[r["uid"]] for r in rows],
@@ -57,22 +60,25 @@ def test_counts_match_the_step_profile_and_a_per_sample_count():
     assert c.solved.sum() / c.samples.sum() == pytest.approx(profile["accuracy"], abs=1e-12)
     for k in range(1, int(c.lines.max()) + 1):
         assert c.cond(k) == pytest.approx(profile[f"cond_{k}"], abs=1e-12), k
-    # late lines, counted sample by sample: first n // 2 lines right, then all of them
-    num = den = 0
+    # late lines, counted sample by sample: first n // 2 lines right, then all of them (and scored correct)
+    num = scored = den = 0
     for r in rows:
         n, fe = len(steps(exprs[r["uid"]])), first_error(r["completion"], exprs[r["uid"]])
         den += fe >= n // 2
         num += fe >= n
+        scored += fe >= n and r["correct"]
     assert lines.value(*c.late()) == pytest.approx(num / den, abs=1e-12)
-    assert 0 < num < den  # the case is not degenerate
+    assert lines.value(*c.late(scored=True)) == pytest.approx(scored / den, abs=1e-12)
+    assert 0 < scored < num < den  # the case is not degenerate
 
 
 def test_counts_survive_json_and_bad_input_is_named():
     rng = np.random.default_rng(1)
     exprs = _problems(rng, 4)
-    c = lines.count_lines(_completions(exprs, rng, 3), exprs)
+    c = lines.count_lines(_completions(exprs, rng, 3, trailing=0.5), exprs, source={"run": "a/seed0", "step": 4})
     back = lines.LineCounts.from_json(c.to_json())
-    assert back.uids == c.uids and np.array_equal(back.reach, c.reach) and np.array_equal(back.solved, c.solved)
+    assert back.uids == c.uids and back.source == {"run": "a/seed0", "step": 4}
+    assert all(np.array_equal(getattr(back, k), getattr(c, k)) for k in ("reach", "solved", "whole", "lines"))
     with pytest.raises(ValueError, match="file.json: shapes disagree"):
         lines.LineCounts.from_json(json.dumps({**json.loads(c.to_json()), "solved": [1]}), "file.json")
     with pytest.raises(ValueError, match="x.json: not line counts"):
@@ -148,11 +154,11 @@ def test_compare_of_an_arm_with_itself_is_zero_and_a_shift_is_found():
     figs = [lines.figures(c, hard) for c in runs]
     one = [figs[0]] * 3  # three seeds alike: every resample's difference is 0 (up to the sums' rounding)
     same = lines.compare(one, one, resamples=300)
-    assert len(same) == 6 and all(line["diff"] == 0 and abs(line["lo"]) < 1e-12 and abs(line["hi"]) < 1e-12
+    assert len(same) == 7 and all(line["diff"] == 0 and abs(line["lo"]) < 1e-12 and abs(line["hi"]) < 1e-12
                                   for line in same)
     # an arm whose every sample is right: +1 - base accuracy, interval above 0
     right = [lines.LineCounts(c.uids, c.lines, c.samples.copy(),
-                              np.repeat(c.samples[:, None], c.reach.shape[1], axis=1)) for c in runs]
+                              np.repeat(c.samples[:, None], c.reach.shape[1], axis=1), c.samples.copy()) for c in runs]
     up = {line["figure"]: line for line in lines.compare([lines.figures(c, hard) for c in right], figs, 300)}
     base_acc = np.mean([c.solved.sum() / c.samples.sum() for c in runs])
     assert up["accuracy"]["diff"] == pytest.approx(1 - base_acc) and up["accuracy"]["lo"] > 0
@@ -221,3 +227,58 @@ def test_late_lines_tool_trains_a_missing_checkpoint_again_and_tables_the_arms(t
     with pytest.raises(SystemExit):
         runpy.run_path(tool, run_name="__main__")
     assert (tmp_path / "kept" / "late_lines.md").read_text() == text
+
+
+def test_a_resample_drawing_a_seed_without_a_denominator_has_no_figure_and_is_counted():
+    """Seed 1 of the arm has no sample reaching the first half anywhere: a resample that draws it has no figure
+    (dropped, and counted), one that does not draw it is seed 0's ratio over the drawn problems (no NaN leak)."""
+    rng = np.random.default_rng(7)
+    num = rng.integers(0, 4, (2, 9, 1)).astype(float)
+    den = num + rng.integers(1, 4, (2, 9, 1))
+    den[1], num[1] = 0.0, 0.0
+    base_num, base_den = num[:1] + 1, den[:1] + 2
+    got = lines.resample_ratio_differences(num, den, base_num, base_den, 300, np.random.default_rng(3))[:, 0]
+    draws = np.random.default_rng(3)
+    prob, seeds_a, _ = (intervals.draw_counts(n, 300, draws) for n in (9, 2, 1))
+    assert np.array_equal(np.isnan(got), seeds_a[:, 1] > 0) and 0 < np.isnan(got).sum() < 300
+    free = np.flatnonzero(seeds_a[:, 1] == 0)
+    want = (prob[free] @ num[0, :, 0]) / (prob[free] @ den[0, :, 0]) - (prob[free] @ base_num[0, :, 0]) / (
+        prob[free] @ base_den[0, :, 0])
+    np.testing.assert_allclose(got[free], want, rtol=1e-12, atol=1e-15)
+    arm = [{"late_lines": (num[i, :, 0], den[i, :, 0])} for i in range(2)]
+    # whole-run figures: seed 1 has none (nan), so the arm's mean is nan; the interval is over the kept draws
+    line = lines.compare(arm, [{"late_lines": (base_num[0, :, 0], base_den[0, :, 0])}], resamples=300, seed=3)[0]
+    assert line["dropped"] == int(np.isnan(got).sum()) and np.isfinite(line["lo"])
+
+
+def _tool():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "tools" / "late_lines.py"
+    spec = importlib.util.spec_from_file_location("late_lines_tool", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_table_aligns_each_runs_problems_to_the_start_and_refuses_another_warm_start():
+    from types import SimpleNamespace
+
+    tool = _tool()
+    rng = np.random.default_rng(8)
+    exprs = _problems(rng, 16)
+    src = {"warm_start": "w1"}
+    start = lines.count_lines(_completions(exprs, rng, 2), exprs, source=src)
+    runs = {arm: {s: lines.count_lines(_completions(exprs, rng, 4, 0.2), exprs, source=src) for s in (0, 1)}
+            for arm in ("grpo", "rrl")}
+    spec = SimpleNamespace(path="x.yaml")
+    text = tool.table(spec, ["grpo", "rrl"], "grpo", start, runs, {}, 200)
+    flipped = {arm: {s: c.reordered(tuple(reversed(c.uids))) for s, c in by.items()} for arm, by in runs.items()}
+    assert tool.table(spec, ["grpo", "rrl"], "grpo", start, flipped, {}, 200) == text
+    assert "| rrl | 2 |" in text and "late_lines_scored" in text
+    runs["rrl"][1] = dataclasses.replace(runs["rrl"][1], source={"warm_start": "w2"})
+    with pytest.raises(ValueError, match=r"x.yaml: runs counted from another warm start .*rrl seed 1 \(w2\)"):
+        tool.table(spec, ["grpo", "rrl"], "grpo", start, runs, {}, 200)
+    kept = lines.count_lines(_completions(exprs, rng, 2), exprs, source={"run": "a/seed0", "samples": 8})
+    assert tool.stale(kept, {"run": "a/seed0", "samples": 8}) is None
+    assert tool.stale(kept, {"run": "a/seed0", "samples": 16}) == "samples 8 (now 16)"
