@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from jaxrl_llm.ablate import grid, intervals as ci, records, spec as spec_module
-from jaxrl_llm.ablate.grid import OFFLINE_ENV, run_grid, run_prepare
+from jaxrl_llm.ablate.grid import OFFLINE_ENV, other_preparation, run_grid, run_prepare
 from jaxrl_llm.ablate.report import write_report
 from jaxrl_llm.ablate.spec import DONE, LOG, SpecError, check_configs, load_spec
 
@@ -159,6 +159,13 @@ def ablate(args) -> int:
     if problem is not None:
         print(f"ablate: error: {problem}", file=sys.stderr)
         return 1
+    other = other_preparation(spec, records) if todo and stopped is None else []
+    if other:
+        print(f"ablate: error: {args.spec}: finished runs started from another `prepare` output than this machine's "
+              f"(made again here, it is another warm start), so new runs would not be comparable with them: "
+              f"{'; '.join(other)}. Bring that output here (the folder of its `creates` path), or give the spec a new "
+              f"out_dir and archive and run the grid over from one warm start.", file=sys.stderr)
+        return 2
     if stopped is not None:
         print(f"stopped by signal {stopped} while preparing; run the same command to resume.", file=sys.stderr)
         return 128 + stopped

@@ -22,6 +22,7 @@ each once, before the first run, only while the path each `creates` is missing; 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shlex
@@ -118,6 +119,39 @@ def run_seconds(spec: Spec, arm: str) -> float | None:
     return None
 
 
+def prepared_digests(spec: Spec) -> dict[str, str]:
+    """sha256 (16 hex digits) of what each `prepare` step made: the files of the folder holding its `creates` path
+    (a warm start's model folder), for each step whose output exists. A finished run's record keeps them: made
+    again on another machine, a warm start is often another policy (SFT on another CPU), and one grid must not
+    mix them."""
+    out = {}
+    for creates, _ in spec.prepare:
+        if not creates.exists():
+            continue
+        h = hashlib.sha256()
+        for f in sorted(p for p in creates.parent.iterdir() if p.is_file()):
+            h.update(f.name.encode() + b"\0")
+            with f.open("rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(block)
+        out[str(creates)] = h.hexdigest()[:16]
+    return out
+
+
+def other_preparation(spec: Spec, records: dict) -> list[str]:
+    """The finished records trained from another `prepare` output than this machine's (older records that did not
+    keep their digests are not checked), each said with both digests."""
+    here, bad = prepared_digests(spec), []
+    for (arm, seed), d in sorted(records.items()):
+        if d is None:
+            continue
+        theirs = json.loads((d / DONE).read_text()).get("prepared", {})
+        for path, digest in theirs.items():
+            if path in here and here[path] != digest:
+                bad.append(f"{arm} seed {seed} ({d}): {path} was {digest}, here {here[path]}")
+    return bad
+
+
 def prune_checkpoints(run_dir: Path, final_step: int) -> list[Path]:
     """Delete a finished run's checkpoints (RL's and SFT's) except RL's at `final_step`; nothing unless that one
     is there. Only step folders (integer names) are touched. Returns what was deleted."""
@@ -146,6 +180,7 @@ def run_grid(spec: Spec, todo: list[tuple[str, int]], parallel: int = 1, already
     from tqdm import tqdm
 
     pending, running, failed, started, left = list(todo), {}, [], {}, []
+    prepared = prepared_digests(spec)  # what every run of this call starts from (the spec's `prepare` outputs)
     bar = tqdm(total=len(todo) + already, initial=already, desc="ablation", unit="run")
     with _forwarding(lambda: list(running.values())) as stopped:
         try:
@@ -176,7 +211,8 @@ def run_grid(spec: Spec, todo: list[tuple[str, int]], parallel: int = 1, already
                         # elapsed_s: this attempt's start to exit (a resumed run's earlier attempts are not in it)
                         (run_dir / DONE).write_text(spec.done_text(
                             arm, seed, steps=steps, exit_code=rc, finished=time.strftime("%Y-%m-%d %H:%M:%S"),
-                            elapsed_s=round(time.time() - started[arm, seed], 1)))
+                            elapsed_s=round(time.time() - started[arm, seed], 1),
+                            **({"prepared": prepared} if prepared else {})))
                         archive_run(spec, arm, seed)
                         if not keep_checkpoints:
                             prune_checkpoints(run_dir, steps)

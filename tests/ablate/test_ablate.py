@@ -605,9 +605,21 @@ def test_prepare_runs_once_before_the_first_run_and_a_failure_stops_the_grid(tmp
     path = _write_spec(tmp_path, spec_text.replace("MODE", "ok"))
     assert command.main([str(path)]) == 0
     assert launched == [("a", 0), ("b", 0)] and count.read_text() == "2" and made.read_text() == "w"
+    done = json.loads((tmp_path / "out" / "a" / "seed0" / "ablation_done.json").read_text())
+    digest = grid_mod.prepared_digests(spec_mod.load_spec(path))[str(made)]
+    assert done["prepared"] == {str(made): digest} and len(digest) == 16
     shutil.rmtree(tmp_path / "out" / "b")  # one run to redo: the prepared input exists, so it is not made again
     assert command.main([str(path)]) == 0
     assert launched == [("a", 0), ("b", 0), ("b", 0)] and count.read_text() == "2"
+    # the warm start made again elsewhere is another one: a new run beside records of the old one is refused
+    made.write_text("w, made again on another machine")
+    shutil.rmtree(tmp_path / "out" / "b")
+    assert command.main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"a seed 0 ({tmp_path / 'out' / 'a' / 'seed0'}): {made} was {digest}, here " in err
+    assert "another warm start" in err and launched == [("a", 0), ("b", 0), ("b", 0)]
+    made.write_text("w")  # the same bytes again: the grid goes on
+    assert command.main([str(path)]) == 0 and launched[-1] == ("b", 0)
 
 
 def test_prepare_names_jaxrl_llm_as_this_interpreters_trainer(tmp_path):
