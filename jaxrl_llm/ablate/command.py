@@ -159,7 +159,8 @@ def ablate(args) -> int:
     if problem is not None:
         print(f"ablate: error: {problem}", file=sys.stderr)
         return 1
-    other = other_preparation(spec, records) if todo and stopped is None else []
+    prepared = grid.prepared_digests(spec) if todo and stopped is None else {}
+    other = other_preparation(prepared, records)
     if other:
         print(f"ablate: error: {args.spec}: finished runs started from another `prepare` output than this machine's "
               f"(made again here, it is another warm start), so new runs would not be comparable with them: "
@@ -171,7 +172,8 @@ def ablate(args) -> int:
         return 128 + stopped
     failed, stopped, left = run_grid(spec, todo, args.parallel, already=len(cells) - len(todo), deadline=deadline,
                                      keep_checkpoints=args.keep_checkpoints,
-                                     run_s=None if args.run_minutes is None else args.run_minutes * 60)
+                                     run_s=None if args.run_minutes is None else args.run_minutes * 60,
+                                     prepared=prepared)
     if stopped is not None:
         print(f"stopped by signal {stopped}; the running trainer checkpointed. Run the same command to resume.",
               file=sys.stderr)

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from jaxrl_llm.ablate.records import archive_run, final_eval_problem, load_rows, run_steps, run_summary
-from jaxrl_llm.ablate.spec import DONE, LOG, Spec
+from jaxrl_llm.ablate.spec import DONE, LOG, Spec, SpecError
 
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
@@ -119,29 +119,32 @@ def run_seconds(spec: Spec, arm: str) -> float | None:
     return None
 
 
+def folder_digest(folder: Path, pattern: str = "*") -> str | None:
+    """sha256 (16 hex digits) over the names and bytes of the files in `folder` matching `pattern` (not its
+    subfolders); None when there is none."""
+    files = sorted(p for p in Path(folder).glob(pattern) if p.is_file())
+    if not files:
+        return None
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode() + b"\0")
+        with f.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()[:16]
+
+
 def prepared_digests(spec: Spec) -> dict[str, str]:
-    """sha256 (16 hex digits) of what each `prepare` step made: the files of the folder holding its `creates` path
-    (a warm start's model folder), for each step whose output exists. A finished run's record keeps them: made
-    again on another machine, a warm start is often another policy (SFT on another CPU), and one grid must not
-    mix them."""
-    out = {}
-    for creates, _ in spec.prepare:
-        if not creates.exists():
-            continue
-        h = hashlib.sha256()
-        for f in sorted(p for p in creates.parent.iterdir() if p.is_file()):
-            h.update(f.name.encode() + b"\0")
-            with f.open("rb") as fh:
-                for block in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(block)
-        out[str(creates)] = h.hexdigest()[:16]
-    return out
+    """folder_digest of what each `prepare` step made: the folder holding its `creates` path (a warm start's model
+    folder), for each step whose output exists. A finished run's record keeps them: made again on another machine,
+    a warm start is often another policy (SFT on another CPU), and one grid must not mix them."""
+    return {str(creates): folder_digest(creates.parent) for creates, _ in spec.prepare if creates.exists()}
 
 
-def other_preparation(spec: Spec, records: dict) -> list[str]:
-    """The finished records trained from another `prepare` output than this machine's (older records that did not
-    keep their digests are not checked), each said with both digests."""
-    here, bad = prepared_digests(spec), []
+def other_preparation(here: dict[str, str], records: dict) -> list[str]:
+    """The finished records trained from another `prepare` output than `here` (this machine's prepared_digests;
+    older records that did not keep their digests are not checked), each said with both digests."""
+    bad = []
     for (arm, seed), d in sorted(records.items()):
         if d is None:
             continue
@@ -150,6 +153,19 @@ def other_preparation(spec: Spec, records: dict) -> list[str]:
             if path in here and here[path] != digest:
                 bad.append(f"{arm} seed {seed} ({d}): {path} was {digest}, here {here[path]}")
     return bad
+
+
+def eval_subprocess(argv: list[str], out: Path, expect: str, what: str) -> None:
+    """`jaxrl-llm eval argv --out out` in a subprocess from the working directory, offline, its output in
+    out/eval.log; SpecError (`what` first) unless it exits 0 and writes out/`expect`."""
+    cmd = [sys.executable, "-m", "jaxrl_llm.cli", "eval", *argv, "--out", str(out)]
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "eval.log").open("w") as f:
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env={**os.environ, **OFFLINE_ENV}).returncode
+    if rc != 0 or not (out / expect).is_file():
+        raise SpecError(f"{what}`{' '.join(cmd)}` failed (exit code {rc}); last lines of {out / 'eval.log'}:\n"
+                        f"{log_tail(out / 'eval.log')}")
 
 
 def prune_checkpoints(run_dir: Path, final_step: int) -> list[Path]:
@@ -171,16 +187,17 @@ def prune_checkpoints(run_dir: Path, final_step: int) -> list[Path]:
 
 def run_grid(spec: Spec, todo: list[tuple[str, int]], parallel: int = 1, already: int = 0,
              deadline: float | None = None, keep_checkpoints: bool = False,
-             run_s: float | None = None) -> tuple[list, int | None, list]:
+             run_s: float | None = None, prepared: dict[str, str] | None = None) -> tuple[list, int | None, list]:
     """Train the (arm, seed) runs of `todo`, `parallel` at a time; the progress bar also counts the
     `already` finished runs of the grid. With `deadline` (a time.time() value) a run expected to end after it
     is not started; a run is expected to take `run_s` seconds if given, else run_seconds(spec, arm). Returns the
     failures as (arm, seed, why), the signal that stopped the grid (None if it ran through) and the runs left for
-    the deadline as (arm, seed, estimated seconds)."""
+    the deadline as (arm, seed, estimated seconds). `prepared`: prepared_digests(spec) if the caller has them (each
+    finished run's record keeps them)."""
     from tqdm import tqdm
 
     pending, running, failed, started, left = list(todo), {}, [], {}, []
-    prepared = prepared_digests(spec)  # what every run of this call starts from (the spec's `prepare` outputs)
+    prepared = prepared_digests(spec) if prepared is None else prepared  # what every run of this call starts from
     bar = tqdm(total=len(todo) + already, initial=already, desc="ablation", unit="run")
     with _forwarding(lambda: list(running.values())) as stopped:
         try:

@@ -33,15 +33,12 @@ from __future__ import annotations
 import collections
 import json
 import math
-import os
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from jaxrl_llm.ablate.grid import OFFLINE_ENV, log_tail
+from jaxrl_llm.ablate.grid import eval_subprocess
 from jaxrl_llm.ablate.records import (EVAL_COLUMNS, EVAL_KS, REWARD_COLUMNS, Stat, aggregate, by_step, load_rows,
                                       run_steps, run_summary)
 from jaxrl_llm.ablate.spec import Spec, SpecError
@@ -242,16 +239,9 @@ def evaluate_run(spec: Spec, arm: str, seed: int, record: Path, log=print) -> Ru
             raise SpecError(f"{arm} seed {seed}: no checkpoint of step {steps} in {run_dir / 'checkpoints'} to "
                             f"evaluate (and no eval of it in {out}, no per-problem outcomes in its record); "
                             f"--seeds-only compares the runs' final evaluation rows over seeds without them")
-        cmd = [sys.executable, "-m", "jaxrl_llm.cli", "eval", "--config", str(run_dir / "config.yaml"),
-               "--step", str(steps), "--out", str(out)]
         log(f"evaluating {arm} seed {seed} at step {steps} -> {out}")
-        out.mkdir(parents=True, exist_ok=True)
-        with (out / "eval.log").open("w") as f:
-            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, **OFFLINE_ENV}).returncode
-        if rc != 0 or not summary_path.is_file():
-            raise SpecError(f"{arm} seed {seed}: `{' '.join(cmd)}` failed (exit code {rc}); last lines of "
-                            f"{out / 'eval.log'}:\n{log_tail(out / 'eval.log')}")
+        eval_subprocess(["--config", str(run_dir / "config.yaml"), "--step", str(steps)], out, "summary.json",
+                        f"{arm} seed {seed}: ")
     summary = json.loads(summary_path.read_text())
     where = f"{arm} seed {seed}: the eval in {out} vs the run's own evaluation at step {steps}"
     if summary.get("problems") != final.get("problems", summary.get("problems")):
