@@ -19,27 +19,23 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import math
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jaxrl_llm.ablate import lines  # noqa: E402
-from jaxrl_llm.ablate.grid import OFFLINE_ENV, log_tail, run_grid, run_prepare  # noqa: E402
+from jaxrl_llm.ablate.grid import eval_subprocess, folder_digest, run_grid, run_prepare  # noqa: E402
 from jaxrl_llm.ablate.records import (aggregate, archive_run, by_step, load_rows, run_steps,  # noqa: E402
                                       run_summary)
 from jaxrl_llm.ablate.spec import DONE, Spec, SpecError, load_spec  # noqa: E402
 
-def expressions(spec: Spec) -> tuple[dict[str, str], int]:
-    """(each training problem's uid -> its arithmetic expression, data.train_size): the spec's data, as every
-    arm loads it."""
+def spec_config(spec: Spec):
+    """The config every arm shares (the spec's base and common overrides), checked to have one warm start and a
+    step-by-step task."""
     from jaxrl_llm.config import load_config
-    from jaxrl_llm.data.tasks import load_splits
 
     cfg = load_config(spec.base, list(spec.overrides))
     if cfg.data.worked != "steps":
@@ -49,29 +45,23 @@ def expressions(spec: Spec) -> tuple[dict[str, str], int]:
         raise SpecError(f"{spec.path}: the runs start from model.name={cfg.model.name!r} with sft.steps="
                         f"{cfg.sft.steps}; late lines need one warm start shared by every run (a model folder, "
                         f"e.g. made by the spec's `prepare`, and sft.steps=0)")
+    return cfg
+
+
+def expressions(cfg) -> dict[str, str]:
+    """Each training problem's uid -> its arithmetic expression (the data every arm loads)."""
+    from jaxrl_llm.data.tasks import load_splits
+
     train, _ = load_splits(cfg.data)
-    return {it.uid: json.loads(it.entry_json)["metadata"]["expression"] for it in train}, cfg.data.train_size
-
-
-def load_model_name(spec: Spec) -> str:
-    """The warm start every run of the spec starts from (expressions() checks there is one)."""
-    from jaxrl_llm.config import load_config
-
-    return load_config(spec.base, list(spec.overrides)).model.name
+    return {it.uid: json.loads(it.entry_json)["metadata"]["expression"] for it in train}
 
 
 def weights_digest(model_dir: str) -> str:
-    """sha256 over the model folder's weight files: which warm start a run started from."""
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:
+    """folder_digest of the model folder's weight files: which warm start a run started from."""
+    digest = folder_digest(Path(model_dir), "*.safetensors")
+    if digest is None:
         raise SpecError(f"{model_dir}: no *.safetensors to fingerprint the warm start by")
-    h = hashlib.sha256()
-    for f in files:
-        h.update(f.name.encode())
-        with f.open("rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
-    return h.hexdigest()[:16]
+    return digest
 
 
 def stale(c: lines.LineCounts, want: dict) -> str | None:
@@ -80,31 +70,29 @@ def stale(c: lines.LineCounts, want: dict) -> str | None:
     return "; ".join(bad) or None
 
 
+def kept_counts(path: Path, source: dict, log) -> lines.LineCounts | None:
+    """The counts kept in `path` if they are of `source`; None (said when they are of another: another run,
+    step, sample count or warm start) when they must be made again."""
+    if not path.is_file():
+        return None
+    c = lines.LineCounts.from_json(path.read_text(), str(path))
+    why = stale(c, source)
+    if why is not None:
+        log(f"{path}: counted from another source ({why}); counting again")
+    return c if why is None else None
+
+
 def eval_counts(argv: list[str], out: Path, exprs: dict[str, str], counts_path: Path, source: dict,
                 log) -> lines.LineCounts:
     """Counts of `jaxrl-llm eval argv --out out` (sampled once: its completions are reused while they are of the
-    same checkpoint step and sample count), kept in counts_path with `source`; kept counts of another source
-    (another run, step, sample count or warm start) are made again."""
-    if counts_path.is_file():
-        c = lines.LineCounts.from_json(counts_path.read_text(), str(counts_path))
-        why = stale(c, source)
-        if why is None:
-            return c
-        log(f"{counts_path}: counted from another source ({why}); counting again")
+    same checkpoint step and sample count), kept in counts_path with `source`."""
     summary = out / "summary.json"
     done = summary.is_file() and (out / "completions.jsonl").is_file() and {
         k: json.loads(summary.read_text()).get(k) for k in ("step", "samples")} == {
         "step": source["step"], "samples": source["samples"]}
     if not done:
-        cmd = [sys.executable, "-m", "jaxrl_llm.cli", "eval", *argv, "--out", str(out)]
-        log(f"sampling: {' '.join(cmd)}")
-        out.mkdir(parents=True, exist_ok=True)
-        with (out / "eval.log").open("w") as f:
-            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, **OFFLINE_ENV}).returncode
-        if rc != 0 or not (out / "completions.jsonl").is_file():
-            raise SpecError(f"`{' '.join(cmd)}` failed (exit code {rc}); last lines of {out / 'eval.log'}:\n"
-                            f"{log_tail(out / 'eval.log')}")
+        log(f"sampling: jaxrl-llm eval {' '.join(argv)} --out {out}")
+        eval_subprocess(argv, out, "completions.jsonl", "")
     c = lines.count_lines(load_rows(out / "completions.jsonl"), exprs, 1.0, str(out / "completions.jsonl"), source)
     counts_path.parent.mkdir(parents=True, exist_ok=True)
     counts_path.write_text(c.to_json() + "\n")
@@ -250,9 +238,10 @@ def main(argv=None) -> int:
     root = args.root / spec.path.stem
     # the same commands in other folders; their records are kept beside the counts (late_lines/runs/)
     again = dataclasses.replace(spec, out_dir=root, archive=keep)
-    exprs, train_size = expressions(spec)
+    cfg = spec_config(spec)
+    exprs = expressions(cfg)
     # overrides (a.b=value) first: argparse takes the positional ones only before the options
-    split = ["eval.split=train", f"eval.size={train_size}"]
+    split = ["eval.split=train", f"eval.size={cfg.data.train_size}"]
     warm = None
     if args.report_only:
         start = lines.LineCounts.from_json((keep / "start.json").read_text(), str(keep / "start.json"))
@@ -260,11 +249,12 @@ def main(argv=None) -> int:
         problem, stopped = run_prepare(spec)
         if problem or stopped:
             raise SystemExit(problem or f"stopped by signal {stopped}")
-        warm = weights_digest(load_model_name(spec))
-        start = eval_counts(["--config", spec.base, *spec.overrides, f"train.out_dir={root / 'start_policy'}", *split,
-                             "--samples", str(args.start_samples), "--temperature", "1"], root / "eval" / "start",
-                            exprs, keep / "start.json", {"run": "start", "step": 0, "samples": args.start_samples,
-                                                         "warm_start": warm}, log)
+        warm = weights_digest(cfg.model.name)
+        source = {"run": "start", "step": 0, "samples": args.start_samples, "warm_start": warm}
+        start = kept_counts(keep / "start.json", source, log) or eval_counts(
+            ["--config", spec.base, *spec.overrides, f"train.out_dir={root / 'start_policy'}", *split, "--samples",
+             str(args.start_samples), "--temperature", "1"], root / "eval" / "start", exprs, keep / "start.json",
+            source, log)
     counts = {}
     for arm in arms:
         for seed in spec.seeds:
@@ -282,8 +272,9 @@ def main(argv=None) -> int:
                 continue
             steps = run_steps(record)
             source = {"run": f"{arm}/seed{seed}", "step": steps, "samples": args.samples, "warm_start": warm}
-            if path.is_file() and stale(lines.LineCounts.from_json(path.read_text(), str(path)), source) is None:
-                counts.setdefault(arm, {})[seed] = lines.LineCounts.from_json(path.read_text(), str(path))
+            kept = kept_counts(path, source, log)
+            if kept is not None:
+                counts.setdefault(arm, {})[seed] = kept
                 continue
             run_dir = spec.run_dir(arm, seed)
             if not (run_dir / "checkpoints" / str(steps)).is_dir():
