@@ -35,7 +35,7 @@ CHAT = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TEXT = ["The quick brown fox jumps over the lazy dog.", "What is 12 + 35? The answer is 47.",
         "Reasoning step by step: first add the tens, then the ones."] * 20
-TIMING = ("time", "_per_s", "compilations")  # wall-clock figures differ between runs
+TIMING = ("time", "cpu_", "_per_s", "compilations")  # wall-clock and CPU-time figures differ between runs
 
 
 def byte_bpe_tokenizer():

@@ -39,8 +39,8 @@ from pathlib import Path
 import numpy as np
 
 from jaxrl_llm.ablate.grid import eval_subprocess
-from jaxrl_llm.ablate.records import (EVAL_COLUMNS, EVAL_KS, REWARD_COLUMNS, Stat, aggregate, by_step, load_rows,
-                                      run_steps, run_summary)
+from jaxrl_llm.ablate.records import (BUDGET_KEYS, EVAL_COLUMNS, EVAL_KS, REWARD_COLUMNS, Stat, aggregate, by_step,
+                                      load_rows, run_steps, run_summary)
 from jaxrl_llm.ablate.spec import Spec, SpecError
 from jaxrl_llm.train import outcomes
 
@@ -60,7 +60,7 @@ class RunOutcomes:
     problems: tuple[tuple[str, str], ...]  # (uid, question) in the eval's order
     values: dict[str, np.ndarray]  # figure -> per-problem value [P]; the run's figure is its mean
     rollout_t: float
-    budget: dict  # sampled_tokens, wall_s of the run (records.run_summary)
+    budget: dict  # sampled_tokens, wall_s, cpu_s of the run (records.run_summary; cpu_s None in older records)
 
 
 def problem_values(rows: list[dict], rollout_t: float, ks) -> tuple[tuple[tuple[str, str], ...], dict]:
@@ -217,7 +217,7 @@ def evaluate_run(spec: Spec, arm: str, seed: int, record: Path, log=print) -> Ru
     steps = run_steps(record)
     rows = load_rows(record / "metrics.jsonl")
     final = by_step(rows, "eval")[steps]
-    budget = {k: run_summary(rows, steps)["final"].get(k) for k in ("sampled_tokens", "wall_s")}
+    budget = {k: run_summary(rows, steps)["final"].get(k) for k in BUDGET_KEYS}
     written = outcomes.path(record, steps)
     if written.is_file():  # the trainer's own per-problem outcomes (train/outcomes.py): nothing to sample again
         try:
@@ -302,14 +302,17 @@ def _stat(stat: Stat) -> str:
 
 
 def budget_sentence(arm: list[dict], base: list[dict]) -> str:
-    """"Budget per run (mean): sampled tokens A vs B, wall s C vs D." from each side's runs' budget dicts."""
+    """"Budget per run (mean): sampled tokens A vs B, wall s C vs D[, CPU s E vs F]." from each side's runs'
+    budget dicts (CPU s where every run of both sides logged it)."""
     def mean(budgets, key, fmt):
         values = [b.get(key) for b in budgets]
         return "not recorded" if None in values else fmt.format(sum(values) / len(values))
 
+    cpu = all(b.get("cpu_s") is not None for b in arm + base)
     return (f"Budget per run (mean): sampled tokens {mean(arm, 'sampled_tokens', '{:,.0f}')} vs "
             f"{mean(base, 'sampled_tokens', '{:,.0f}')}, wall s {mean(arm, 'wall_s', '{:.1f}')} vs "
-            f"{mean(base, 'wall_s', '{:.1f}')}.")
+            f"{mean(base, 'wall_s', '{:.1f}')}"
+            + (f", CPU s {mean(arm, 'cpu_s', '{:.1f}')} vs {mean(base, 'cpu_s', '{:.1f}')}." if cpu else "."))
 
 
 def _table(a: str, b: str, lines: list[dict]) -> list[str]:

@@ -38,9 +38,13 @@ REWARD_COLUMNS = {"greedy_reward_mean": "greedy_accuracy", "sampled_reward_mean"
 ROLLOUT_T_COLUMNS = {k for k, _ in EVAL_COLUMNS if k.startswith("rollout_t_")}
 # training prompts first solved by a continuation of a replayed prefix state (RRL), over the whole run
 REPLAY_COLUMNS = (("rrl_solved_first_via_replay", "solved first via replay"),)
-BUDGET_COLUMNS = REPLAY_COLUMNS + (("sampled_tokens", "sampled tokens"), ("wall_s", "wall s"), ("rl_steps", "RL steps"))
+BUDGET_COLUMNS = REPLAY_COLUMNS + (("sampled_tokens", "sampled tokens"), ("wall_s", "wall s"), ("cpu_s", "CPU s"),
+                                   ("rl_steps", "RL steps"))
+# a run's cost as ablate-ci's budget sentence gives it
+BUDGET_KEYS = ("sampled_tokens", "wall_s", "cpu_s")
 # shown when some arm has them
-OPTIONAL = {k for k, _ in REPLAY_COLUMNS} | {f"pass@{k}" for k in EVAL_KS} | set(REWARD_COLUMNS) | ROLLOUT_T_COLUMNS
+OPTIONAL = ({"cpu_s"} | {k for k, _ in REPLAY_COLUMNS} | {f"pass@{k}" for k in EVAL_KS} | set(REWARD_COLUMNS)
+            | ROLLOUT_T_COLUMNS)
 COLUMNS = EVAL_COLUMNS + BUDGET_COLUMNS
 # what an explorer did over a whole run, from its train rows: (metric, label, weight): a step's count summed
 # (weight None), or a per-step rate averaged with each step weighted by its count of `weight` (NaN steps skipped)
@@ -89,16 +93,21 @@ def final_eval_problem(run_dir: Path) -> str | None:
 def run_summary(rows: list[dict], steps: int) -> dict | None:
     """A run's step-0 and final evaluation metrics and its budget; None without an eval row at `steps`.
     Tokens are the rollouts' (train rows' `sampled_tokens`); None when any train row lacks them.
-    Wall time is the RL steps' time plus the evaluations' (SFT and start-up are not counted)."""
+    Wall time is the RL steps' time plus the evaluations' (SFT and start-up are not counted); CPU time (cpu_s) the
+    trainer process's CPU seconds over the same steps and evaluations (absent from records made before it was
+    logged)."""
     evals, train = by_step(rows, "eval"), by_step(rows, "train")
     if steps not in evals:
         return None
     tokens = [r.get("sampled_tokens") for r in train.values()]
     step_times = [r.get("time_step_s") for r in train.values()]
+    cpu_times = [r.get("cpu_step_s") for r in train.values()] + [r.get("cpu_eval_s") for r in evals.values()]
     budget = {"sampled_tokens": None if None in tokens else float(sum(tokens)),
               "wall_s": None if None in step_times else
               float(sum(step_times) + sum(r.get("time_eval_s", 0.0) for r in evals.values())),
               "rl_steps": float(len(train))}
+    if cpu_times and None not in cpu_times:
+        budget["cpu_s"] = float(sum(cpu_times))
     last = train[max(train)] if train else {}
     for key, _ in REPLAY_COLUMNS:
         if key in last:

@@ -18,7 +18,7 @@ from jaxrl_llm.ablate.spec import Spec
 def _cell(key: str, stat: Stat | None, n_arm: int) -> str:
     if stat is None:
         return ""
-    fmt = {"sampled_tokens": "{:,.0f}", "wall_s": "{:.1f}", "rl_steps": "{:.0f}",
+    fmt = {"sampled_tokens": "{:,.0f}", "wall_s": "{:.1f}", "cpu_s": "{:.1f}", "rl_steps": "{:.0f}",
            "rrl_solved_first_via_replay": "{:.1f}"}.get(key, "{:.3f}")
     text = fmt.format(stat.mean)
     if stat.n > 1 and key != "rl_steps":
@@ -38,7 +38,9 @@ def format_markdown(spec: Spec, table: list[dict], runs: list[RunData], missing:
            "- arms:", *[f"  - **{arm}**: `{' '.join(ov) or '(base + overrides only)'}`"
                         for arm, ov in spec.arms.items()],
            "", "Held-out evaluation at step 0 (the starting policy) and at the last RL step: mean ± sample std "
-           "over seeds. Sampled tokens are the rollouts' (the budget); wall s = RL step time + evaluation time.",
+           "over seeds. Sampled tokens are the rollouts' (the budget); wall s = RL step time + evaluation time"
+           + ("; CPU s = the trainer's CPU seconds over the same (another job on the machine moves it far less)."
+              if any("cpu_s" in line["stats"] for line in table) else "."),
            ""]
     if table:
         out += ["| arm | at step | seeds | " + " | ".join(label for _, label in shown) + " |",
@@ -61,13 +63,14 @@ def format_markdown(spec: Spec, table: list[dict], runs: list[RunData], missing:
         out += ["", f"Budget: mean sampled tokens per run range {low:,.0f} .. {high:,.0f} over arms"
                 + (f" (max/min {high / low:.3f})." if low > 0 else ".")]
     if runs:
+        finals = [{k: Stat(v, math.nan, 1) for k, v in run_summary(r.rows, r.steps)["final"].items() if v is not None}
+                  for r in runs]
+        keys = ["greedy_accuracy", "sampled_accuracy", "never_solved_share", "sampled_tokens", "wall_s"]
+        keys += ["cpu_s"] if any("cpu_s" in f for f in finals) else []
         out += ["", "## Per run (final evaluation)", "", "| arm | seed | greedy | sampled T=1 | never solved | "
-                "sampled tokens | wall s |", "|---|---|---|---|---|---|---|"]
-        for r in runs:
-            f = {k: Stat(v, math.nan, 1) for k, v in run_summary(r.rows, r.steps)["final"].items() if v is not None}
-            out.append(f"| {r.arm} | {r.seed} | " + " | ".join(
-                _cell(k, f.get(k), 1) for k in ("greedy_accuracy", "sampled_accuracy", "never_solved_share",
-                                                "sampled_tokens", "wall_s")) + " |")
+                "sampled tokens | wall s |" + (" CPU s |" if "cpu_s" in keys else ""), "|---" * (2 + len(keys)) + "|"]
+        for r, f in zip(runs, finals):
+            out.append(f"| {r.arm} | {r.seed} | " + " | ".join(_cell(k, f.get(k), 1) for k in keys) + " |")
     explored = [(r, explorer_summary(r.rows)) for r in runs]
     cols = [(k, label) for k, label, _ in EXPLORER_COLUMNS if any(k in e for _, e in explored)]
     counts = {k for k, _, weight in EXPLORER_COLUMNS if weight is None}

@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from jaxrl_llm.ablate.intervals import LEVEL, _signed, _stat, budget_sentence, figure_label, read_finished
-from jaxrl_llm.ablate.records import EVAL_COLUMNS, REWARD_COLUMNS, aggregate, by_step, load_rows, run_steps, run_summary
+from jaxrl_llm.ablate.records import (BUDGET_KEYS, EVAL_COLUMNS, REWARD_COLUMNS, aggregate, by_step, load_rows,
+                                      run_steps, run_summary)
 from jaxrl_llm.ablate.spec import Spec, SpecError
 
 REWARD_NAMES = {"greedy_reward_mean": "greedy reward", "sampled_reward_mean": "sampled reward T=1",
@@ -28,14 +29,14 @@ REWARD_NAMES = {"greedy_reward_mean": "greedy reward", "sampled_reward_mean": "s
 
 
 def final_row(spec: Spec, arm: str, seed: int, record: Path) -> dict:
-    """The run's evaluation row at its final step, with its budget (sampled tokens, wall s)."""
+    """The run's evaluation row at its final step, with its budget (sampled tokens, wall s, CPU s)."""
     steps = run_steps(record)
     rows = load_rows(record / "metrics.jsonl")
     final = by_step(rows, "eval").get(steps)
     if final is None:
         raise SpecError(f"{arm} seed {seed}: {record / 'metrics.jsonl'} has no eval row at its final step {steps}")
     summary = run_summary(rows, steps)["final"]
-    return {**final, "_budget": {k: summary.get(k) for k in ("sampled_tokens", "wall_s")}}
+    return {**final, "_budget": {k: summary.get(k) for k in BUDGET_KEYS}}
 
 
 def welch_interval(a, b, level: float = LEVEL) -> dict:

@@ -81,7 +81,7 @@ def evaluate(sampler, params, pool, tok, cfg: Config, items, key: jax.Array, jud
     temperature, problem-major (train/outcomes.py writes them)."""
     if not items:
         return {}
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     n = len(items)
     rounds = Rounds.of(sampler, params, pool, tok, cfg, items, judge)
     parts: list = []  # accuracy is what the Scores call solved (the built-in scorer's, or reward.correctness)
@@ -113,6 +113,7 @@ def evaluate(sampler, params, pool, tok, cfg: Config, items, key: jax.Array, jud
     out["response_len_mean"] = float(np.concatenate(lengths).mean())
     out["sampled_tokens"] = tokens
     out["time_eval_s"] = time.perf_counter() - t0
+    out["cpu_eval_s"] = time.process_time() - c0
     return out
 
 

@@ -153,7 +153,7 @@ def rl_step(run, pool, writer) -> dict:
     """One RL step of `run` (train/loop.py) at run.state.step; returns its metrics row."""
     cfg, st = run.cfg, run.state
     items, prompts = run.setup.items, run.setup.prompts
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     prompt_ids = np.asarray(next(run.data))
     info = step_info(run.explorers, st.step, prompt_ids, run.key)
     plan = plan_step(cfg, run.explorers, st.explore, prompt_ids, info, run.key(PHASE_ROLLOUT, st.step), st.step)
@@ -185,6 +185,9 @@ def rl_step(run, pool, writer) -> dict:
                "sample_tokens_per_s": float(out.num_generated.sum() / max(t2 - t1, 1e-9)),
                "time_sample_s": t2 - t1, "time_reward_s": t3 - t2, "time_revise_s": t4 - t3, **recomputed,
                **update_metrics(updated, t6 - t5), "time_step_s": time.perf_counter() - t0,
+               # CPU seconds of this process (all its threads): a step's cost that another job on the machine
+               # moves far less than its wall time (reward workers' own processes are not in it)
+               "cpu_step_s": time.process_time() - c0,
                "compilations": compile_counter.compilations(), **run.health(pool), **explore_metrics}
     metrics["time_other_s"] = metrics["time_step_s"] - metrics["time_sample_s"] - metrics["time_reward_s"] \
         - metrics["time_revise_s"] - metrics["time_update_s"]

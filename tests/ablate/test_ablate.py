@@ -100,6 +100,31 @@ def test_run_summary_sums_tokens_and_wall_time_and_takes_the_last_row_per_step(g
     assert records.run_summary(run.rows, 4) is None  # no eval row at train.steps: not finished
 
 
+def test_cpu_seconds_are_summed_over_steps_and_evaluations_and_shown_only_where_logged(tmp_path):
+    """cpu_s = the train rows' cpu_step_s + the eval rows' cpu_eval_s; absent where any row lacks it (records made
+    before it was logged), and then neither report nor budget sentence shows it."""
+    from jaxrl_llm.ablate.intervals import budget_sentence
+
+    spec = spec_mod.load_spec(_write_spec(tmp_path, "base: BASE\nseeds: [0]\nout_dir: OUT\narms: {a: [], b: []}\n"))
+    ev = [(s, {**_eval(0.5, 0.5, 0.5, {}), "cpu_eval_s": 3.0 + s}) for s in (0, 2)]
+    _write_run(spec, "a", 0, 2, ev, [{"sampled_tokens": 5, "time_step_s": 1.0, "cpu_step_s": c} for c in (1.5, 2.5)])
+    _write_run(spec, "b", 0, 2, ev, [{"sampled_tokens": 5, "time_step_s": 1.0, "cpu_step_s": 1.5},
+                                     {"sampled_tokens": 5, "time_step_s": 1.0}])
+    runs, _ = records.collect(spec)
+    (a, b) = sorted(runs, key=lambda r: r.arm)
+    assert records.run_summary(a.rows, 2)["final"]["cpu_s"] == 1.5 + 2.5 + 3.0 + 5.0
+    assert "cpu_s" not in records.run_summary(b.rows, 2)["final"]
+    table = records.arm_table(spec, runs)
+    text = report.format_markdown(spec, table, runs, [])
+    assert "CPU s" in text and "| a | 0 | 0.500 | 0.500 | 0.500 | 10 | 2.5 | 12.0 |" in text
+    assert "| b | 0 | 0.500 | 0.500 | 0.500 | 10 | 2.5 |  |" in text
+    only_b = [r for r in runs if r.arm == "b"]
+    assert "CPU s" not in report.format_markdown(spec, records.arm_table(spec, only_b), only_b, [])
+    budget = {"sampled_tokens": 10.0, "wall_s": 3.5, "cpu_s": 12.0}
+    assert budget_sentence([budget], [{**budget, "cpu_s": 8.0}]).endswith("wall s 3.5 vs 3.5, CPU s 12.0 vs 8.0.")
+    assert budget_sentence([budget], [{**budget, "cpu_s": None}]).endswith("wall s 3.5 vs 3.5.")
+
+
 def test_aggregate_is_mean_and_sample_std():
     st = records.aggregate([0.5, 0.6, 0.7])
     assert st.n == 3 and st.mean == pytest.approx(0.6, abs=1e-12) and st.std == pytest.approx(0.1, abs=1e-12)

@@ -3,6 +3,7 @@ earlier one takes that run's step-0 evaluation. The oracle is the evaluation suc
 figures, the same per-problem outcomes, and the same training afterwards (skipping the evaluation moves no key)."""
 
 import json
+import os
 from pathlib import Path
 
 import ml_dtypes
@@ -24,7 +25,7 @@ def _eval0(out_dir) -> dict:
 
 
 def _figures(row: dict) -> dict:
-    return {k: v for k, v in row.items() if k not in ("wall_time", "time_eval_s", "start_reused")}
+    return {k: v for k, v in row.items() if k not in ("wall_time", "time_eval_s", "cpu_eval_s", "start_reused")}
 
 
 def test_a_run_that_differs_only_after_step_0_takes_the_step_0_evaluation(tmp_path):
@@ -43,7 +44,13 @@ def test_a_run_that_differs_only_after_step_0_takes_the_step_0_evaluation(tmp_pa
     assert json.loads(entry.read_text())["source"] == str(a)
     assert "start_reused" not in _eval0(a) and "start_reused" not in _eval0(c) and _eval0(b)["start_reused"] == 1
     assert _figures(_eval0(b)) == _figures(_eval0(a)) == _figures(_eval0(c))
-    assert _eval0(b)["time_eval_s"] == _eval0(a)["time_eval_s"]  # the evaluation's own time: wall times compare
+    for key in ("time_eval_s", "cpu_eval_s"):  # the evaluation's own time: wall and CPU times compare
+        assert _eval0(b)[key] == _eval0(a)[key]
+    rows = [json.loads(ln) for ln in (a / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:  # CPU seconds: the process's own, at most its wall time on every core
+        wall, cpu = {"train": ("time_step_s", "cpu_step_s"),
+                     "eval": ("time_eval_s", "cpu_eval_s")}.get(r["kind"], (None, None))
+        assert not wall or 0 < r[cpu] <= r[wall] * os.cpu_count() + 0.01
     outcomes = [(d / "held_out" / "step0.jsonl").read_text() for d in (a, b, c)]
     assert outcomes[0] and outcomes[0] == outcomes[1] == outcomes[2]
     assert train_rows(b) == train_rows(c) and train_rows(b) != train_rows(a)  # training as if it had evaluated
