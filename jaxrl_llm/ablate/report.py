@@ -39,7 +39,7 @@ def format_markdown(spec: Spec, table: list[dict], runs: list[RunData], missing:
                         for arm, ov in spec.arms.items()],
            "", "Held-out evaluation at step 0 (the starting policy) and at the last RL step: mean ± sample std "
            "over seeds. Sampled tokens are the rollouts' (the budget); wall s = RL step time + evaluation time"
-           + ("; CPU s = the trainer's CPU seconds over the same (another job on the machine moves it far less)."
+           + ("; CPU s = the trainer process's CPU seconds over the same steps and evaluations."
               if any("cpu_s" in line["stats"] for line in table) else "."),
            ""]
     if table:

@@ -185,8 +185,8 @@ def rl_step(run, pool, writer) -> dict:
                "sample_tokens_per_s": float(out.num_generated.sum() / max(t2 - t1, 1e-9)),
                "time_sample_s": t2 - t1, "time_reward_s": t3 - t2, "time_revise_s": t4 - t3, **recomputed,
                **update_metrics(updated, t6 - t5), "time_step_s": time.perf_counter() - t0,
-               # CPU seconds of this process (all its threads): a step's cost that another job on the machine
-               # moves far less than its wall time (reward workers' own processes are not in it)
+               # CPU seconds of this process (all its threads; reward workers' own processes are not in it): the
+               # step's cost where other jobs share the machine and its wall time says little
                "cpu_step_s": time.process_time() - c0,
                "compilations": compile_counter.compilations(), **run.health(pool), **explore_metrics}
     metrics["time_other_s"] = metrics["time_step_s"] - metrics["time_sample_s"] - metrics["time_reward_s"] \
