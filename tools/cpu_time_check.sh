@@ -25,5 +25,6 @@ for name in ("alone", "busy"):
     ev = [r for r in rows if r["kind"] == "eval"]
     print(f"{name:5s} {len(tr)} RL steps: wall {sum(r['time_step_s'] for r in tr):6.1f} s, "
           f"CPU {sum(r['cpu_step_s'] for r in tr):6.1f} s; "
-          f"evaluations: wall {sum(r['time_eval_s'] for r in ev):5.1f} s, CPU {sum(r['cpu_eval_s'] for r in ev):5.1f} s; last reward_mean {tr[-1]['reward_mean']:.4f}")
+          f"evaluations: wall {sum(r['time_eval_s'] for r in ev):5.1f} s, "
+          f"CPU {sum(r['cpu_eval_s'] for r in ev):5.1f} s; last reward_mean {tr[-1]['reward_mean']:.4f}")
 PYEOF
