@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jaxrl_llm.ablate import lines  # noqa: E402
 from jaxrl_llm.ablate.grid import eval_subprocess, folder_digest, run_grid, run_prepare  # noqa: E402
-from jaxrl_llm.ablate.records import (aggregate, archive_run, by_step, load_rows, run_steps,  # noqa: E402
+from jaxrl_llm.ablate.records import (aggregate, archive_run, by_step, is_timing, load_rows, run_steps,  # noqa: E402
                                       run_summary)
 from jaxrl_llm.ablate.spec import DONE, Spec, SpecError, load_spec  # noqa: E402
 
@@ -109,8 +109,8 @@ def final_summary(record: Path) -> dict:
 
 
 def differences(mine: dict, theirs: dict) -> dict[str, float]:
-    """|mine - theirs| of every number both evaluation rows hold but times."""
-    keys = [k for k in mine if k in theirs and "time" not in k and k != "start_reused"
+    """|mine - theirs| of every number both evaluation rows hold but wall and CPU times."""
+    keys = [k for k in mine if k in theirs and not is_timing(k) and k != "start_reused"
             and isinstance(mine[k], (int, float)) and isinstance(theirs[k], (int, float))]
     return {k: abs(float(mine[k]) - float(theirs[k])) for k in keys}
 
