@@ -40,12 +40,6 @@ ROLLOUT_T_COLUMNS = {k for k, _ in EVAL_COLUMNS if k.startswith("rollout_t_")}
 REPLAY_COLUMNS = (("rrl_solved_first_via_replay", "solved first via replay"),)
 BUDGET_COLUMNS = REPLAY_COLUMNS + (("sampled_tokens", "sampled tokens"), ("wall_s", "wall s"), ("cpu_s", "CPU s"),
                                    ("rl_steps", "RL steps"))
-def is_timing(key: str) -> bool:
-    """Whether a metrics.jsonl key measures the machine rather than the policy (wall or CPU seconds, a rate per
-    second): two runs of the same training differ in these alone."""
-    return "time" in key or key.startswith("cpu_") or key.endswith("_per_s")
-
-
 # a run's cost as ablate-ci's budget sentence gives it
 BUDGET_KEYS = ("sampled_tokens", "wall_s", "cpu_s")
 # shown when some arm has them
@@ -94,6 +88,12 @@ def final_eval_problem(run_dir: Path) -> str | None:
     if steps not in evals:
         return f"no eval row at step {steps} (last eval step: {max(evals, default='none')})"
     return None
+
+
+def is_timing(key: str) -> bool:
+    """Whether a metrics.jsonl key measures the machine rather than the policy (wall or CPU seconds, a rate per
+    second): two runs of the same training differ in these alone."""
+    return "time" in key or key.startswith("cpu_") or key.endswith("_per_s")
 
 
 def run_summary(rows: list[dict], steps: int) -> dict | None:

@@ -685,3 +685,14 @@ def test_explorer_section_weights_each_steps_rate_by_its_count(tmp_path):
     assert "| a | 0 |  |  |  |  |  |  |  |  |" in text
     plain = report.format_markdown(spec, records.arm_table(spec, runs[:1]), runs[:1], missing)
     assert "## Explorers" not in plain
+
+
+def test_timing_keys_are_the_machines_figures_and_nothing_else():
+    """Every wall / CPU / per-second key the trainer writes is timing; no policy figure is (a figure wrongly
+    called timing would let a retrained run with other numbers pass as equal)."""
+    timing = ["time_step_s", "time_eval_s", "time_sample_s", "time_other_s", "cpu_step_s", "cpu_eval_s",
+              "sample_tokens_per_s", "update_positions_per_s", "wall_time"]
+    figures = ["greedy_accuracy", "sampled_reward_mean", "pass@8", "rollout_t_sampled_accuracy", "sampled_tokens",
+               "never_solved_share", "response_len_mean", "kl", "entropy", "rrl_replay_rows", "compilations"]
+    assert [k for k in timing if not records.is_timing(k)] == []
+    assert [k for k in figures if records.is_timing(k)] == []
