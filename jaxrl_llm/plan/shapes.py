@@ -48,7 +48,8 @@ class RunShapes:
         _, prefill, width = sampler.shapes(rows_per_step(cfg), longest, max_new)
         return cls(rows=rows_per_step(cfg), rows_per_update=rows_per_update(cfg), longest_prompt=longest,
                    min_group=footprint.min_group_size, extra_contexts=extra, sample_context=sample_context,
-                   min_context=bucket(max(longest + prefix, own), 16) if prefix or own else 16,
+                   # explorers' contexts: one length for the run, a multiple of 16 (rl/layout.py pads to it)
+                   min_context=-(-max(longest + prefix, own) // 16) * 16 if prefix or own else 16,
                    min_unique=cfg.rollout.prompts_per_step + extra if extra else 1,
                    logprob_width=bucket(longest + cfg.rollout.max_new_tokens, 16), prefill=prefill, row_width=width,
                    max_new=max_new, sampling_calls=tuple(footprint.sampling_calls))

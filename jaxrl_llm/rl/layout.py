@@ -47,7 +47,8 @@ def contexts_bound(micro_rows: int, group_size: int, *, exact: bool = True, cap:
 def shared_layout(rows: RowBatch, idx: np.ndarray, micro_rows: int, *, min_contexts: int = 1, min_context: int = 16,
                   min_length: int = 8) -> SharedBatch:
     """The shared-prefix form of rows `idx`: arrays with a leading micro-batch axis M. The context axis
-    is a bucket of the most contexts a micro-batch needs, and at least `min_contexts`."""
+    holds `min_contexts` contexts, or a power-of-two bucket of the most a micro-batch needs where that is more;
+    the context length is `min_context`, or a power-of-two bucket of the longest context where that is longer."""
     tokens, ctx_len = rows.tokens[idx], rows.context_len[idx].astype(np.int32)
     n = len(idx)
     if (ctx_len < 1).any():
@@ -55,13 +56,17 @@ def shared_layout(rows: RowBatch, idx: np.ndarray, micro_rows: int, *, min_conte
     keys = [tokens[i, :ctx_len[i]].tobytes() for i in range(n)]
     ctx_id = np.unique(np.array(keys, dtype=object), return_inverse=True)[1].reshape(-1)
     own = _own_len(rows, idx)
-    lc, ls = bucket(int(ctx_len.max()), min_context), bucket(int(own.max()), min_length)
+    # a run-constant floor is taken as it is when the step fits it: it is already one shape for the whole run,
+    # and rounding it up to a power of two would pad every context of every step (explorers' floors: rl/spec.py)
+    lc = min_context if int(ctx_len.max()) <= min_context else bucket(int(ctx_len.max()))
+    ls = bucket(int(own.max()), min_length)
     r = min(micro_rows, n)
     m = -(-n // r)
     order = np.argsort(ctx_id, kind="stable")
     order = np.concatenate([order, np.full(m * r - n, -1)])  # -1: padding rows (valid False)
     per_micro = [order[j * r:(j + 1) * r] for j in range(m)]
-    g = bucket(max([min_contexts] + [len(np.unique(ctx_id[p[p >= 0]])) for p in per_micro]))
+    needed = max(len(np.unique(ctx_id[p[p >= 0]])) for p in per_micro)
+    g = min_contexts if needed <= min_contexts else bucket(needed)
 
     out = {"ctx_tokens": np.zeros((m, g, lc), np.int32), "ctx_len": np.ones((m, g), np.int32),
            "tokens": np.zeros((m, r, ls), np.int32), "row_ctx": np.zeros((m, r), np.int32),

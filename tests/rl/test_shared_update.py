@@ -84,15 +84,19 @@ def _scatter_back(shared, mb_logp, rows):
     return got
 
 
+# floors as explorers' runs set them (rl/spec.py): not powers of two, kept as they are (5 contexts of 24 slots)
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(MODELS))
-def test_shared_logprobs_and_gradients_equal_the_rows_layout(name):
+@pytest.mark.parametrize("name,floors", [(name, {}) for name in sorted(MODELS)]
+                         + [("llama", {"min_contexts": 5, "min_context": 24})])
+def test_shared_logprobs_and_gradients_equal_the_rows_layout(name, floors):
     model = sharp_model(MODELS[name])
     graphdef, params = nnx.split(model)
     rows = make_rows()
     idx = np.arange(len(rows.tokens))
-    shared = shared_layout(rows, idx, micro_rows=4)
+    shared = shared_layout(rows, idx, micro_rows=4, **floors)
     assert shared.ctx_tokens.shape[1] >= 2  # some micro-batch holds several contexts
+    if floors:  # the longest context (19 + a 5-token prefix) and the most contexts (4) fit the floors
+        assert shared.ctx_tokens.shape[1:] == (5, 24) and rows.context_len.max() <= 24
     mask = rows.loss_mask[:, 1:] & rows.valid[:, None]
     weights = np.random.RandomState(1).randn(*mask.shape).astype(np.float32) * mask
 
@@ -185,6 +189,20 @@ def test_compilations_stay_flat_when_group_sizes_change():
         params, opt_state, _ = update(params, opt_state, batch, COEFS)
         counts.append(compile_counter.compilations())
     assert counts[1:] == [counts[0]] * 3, counts
+
+
+def test_a_step_beyond_the_floors_gets_power_of_two_buckets():
+    """Floors (min_contexts, min_context) are used as they are while a step fits them; a step that needs more
+    contexts or a longer one gets the power-of-two bucket of what it needs, never less than it needs."""
+    rows = make_rows(sizes=(1, 1, 1, 1, 1, 1, 1, 1), prefixed=False, prompt_len=(20, 21), own_len=(2, 3))
+    assert rows.context_len.max() == 20
+    fits = shared_layout(rows, np.arange(8), micro_rows=8, min_contexts=9, min_context=21)
+    assert fits.ctx_tokens.shape == (1, 9, 21)
+    over = shared_layout(rows, np.arange(8), micro_rows=8, min_contexts=5, min_context=19)
+    assert over.ctx_tokens.shape == (1, 8, 32)  # 8 contexts > 5: bucket 8; 20 slots > 19: bucket 32
+    for batch in (fits, over):  # all 8 rows (the last one padding) and their 8 contexts are in it
+        assert batch.valid.sum() == 7 and sorted(batch.row_ctx[0]) == list(range(8))
+        assert (batch.ctx_len[0, :8] == 20).all()
 
 
 def test_equal_groups_cut_at_group_boundaries_encode_each_context_once():
