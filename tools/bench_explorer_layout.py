@@ -33,30 +33,18 @@ def main(argv=None) -> None:
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from flax import nnx
 
     from jaxrl_llm.config import load_config
-    from jaxrl_llm.model.lora import LoraSpec
-    from jaxrl_llm.model.transformer import new_model
     from jaxrl_llm.parallel.mesh import make_mesh
-    from jaxrl_llm.parallel.rules import shard_state
-    from jaxrl_llm.plan.program import model_config
+    from jaxrl_llm.plan.program import model_config, random_update
     from jaxrl_llm.plan.shapes import config_shapes, worst_case_rows
     from jaxrl_llm.rl.batch import positions
     from jaxrl_llm.rl.layout import shared_layout
-    from jaxrl_llm.rl.spec import loss_coefs, rl_optimizer, update_spec
-    from jaxrl_llm.rl.update import init_optimizer, make_update
-    from jaxrl_llm.train.policy import with_options
+    from jaxrl_llm.rl.spec import loss_coefs
 
     cfg = load_config(args.config, [*args.overrides, "mesh.data=1"])
     mc = model_config(cfg)
-    mesh = make_mesh({"data": 1})
-    graphdef, state = nnx.split(new_model(mc, 0, LoraSpec.from_config(cfg.model.lora)))
-    params = shard_state(state, mesh)
-    graphdef = with_options(graphdef, params, cfg)
-    optimizer = rl_optimizer(cfg)
-    opt_state = init_optimizer(optimizer, params, mesh)
-    update = make_update(graphdef, update_spec(cfg), optimizer, params, opt_state, mesh)
+    update, params, opt_state = random_update(cfg, mc, make_mesh({"data": 1}))
     shapes = config_shapes(cfg, mc)
     n = shapes.rows_per_update
     rows = worst_case_rows(cfg, n, context=args.context or cfg.data.max_prompt_len, width=shapes.row_width)

@@ -38,29 +38,17 @@ def _rss(key: str) -> int:
 def build(config: str, overrides: list[str], name: str) -> dict:
     """The setting's compiled update, its inputs and XLA's analysis of it."""
     import jax
-    from flax import nnx
 
     from jaxrl_llm.config import load_config
-    from jaxrl_llm.model.lora import LoraSpec
-    from jaxrl_llm.model.transformer import new_model
     from jaxrl_llm.parallel.mesh import make_mesh
-    from jaxrl_llm.parallel.rules import shard_state
-    from jaxrl_llm.plan.program import analyse_update, model_config, peak_bytes
+    from jaxrl_llm.plan.program import analyse_update, model_config, peak_bytes, random_update
     from jaxrl_llm.plan.shapes import config_shapes
-    from jaxrl_llm.rl.spec import loss_coefs, rl_optimizer, update_spec
-    from jaxrl_llm.rl.update import init_optimizer, make_update
-    from jaxrl_llm.train.policy import with_options
+    from jaxrl_llm.rl.spec import loss_coefs
 
     cfg = load_config(config, [*overrides, "mesh.data=1"])
     mc = model_config(cfg)
-    mesh = make_mesh({"data": 1})
-    graphdef, state = nnx.split(new_model(mc, 0, LoraSpec.from_config(cfg.model.lora)))
-    params = shard_state(state, mesh)
-    graphdef = with_options(graphdef, params, cfg)
-    optimizer = rl_optimizer(cfg)
-    opt_state = init_optimizer(optimizer, params, mesh)
+    update, params, opt_state = random_update(cfg, mc, make_mesh({"data": 1}))
     batch = config_shapes(cfg, mc).worst_case_minibatch(cfg)
-    update = make_update(graphdef, update_spec(cfg), optimizer, params, opt_state, mesh)
     analysis = analyse_update(update, cfg, params, opt_state, batch)
     m = analysis.memory
     facts = {"setting": name, "xla_peak_bytes": peak_bytes(m), "xla_temp_bytes": int(m.temp_size_in_bytes),
