@@ -34,9 +34,10 @@ def main(argv=None) -> None:
     import jax.numpy as jnp
     import numpy as np
 
+    from jaxrl_llm.bench.random_update import random_update
     from jaxrl_llm.config import load_config
     from jaxrl_llm.parallel.mesh import make_mesh
-    from jaxrl_llm.plan.program import model_config, random_update
+    from jaxrl_llm.plan.program import model_config
     from jaxrl_llm.plan.shapes import config_shapes, worst_case_rows
     from jaxrl_llm.rl.batch import positions
     from jaxrl_llm.rl.layout import shared_layout

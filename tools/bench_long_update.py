@@ -39,9 +39,10 @@ def build(config: str, overrides: list[str], name: str) -> dict:
     """The setting's compiled update, its inputs and XLA's analysis of it."""
     import jax
 
+    from jaxrl_llm.bench.random_update import random_update
     from jaxrl_llm.config import load_config
     from jaxrl_llm.parallel.mesh import make_mesh
-    from jaxrl_llm.plan.program import analyse_update, model_config, peak_bytes, random_update
+    from jaxrl_llm.plan.program import analyse_update, model_config, peak_bytes
     from jaxrl_llm.plan.shapes import config_shapes
     from jaxrl_llm.rl.spec import loss_coefs
 
