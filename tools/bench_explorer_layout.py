@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 
 def main(argv=None) -> None:
@@ -31,10 +30,9 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
 
     import jax
-    import jax.numpy as jnp
     import numpy as np
 
-    from jaxrl_llm.bench.random_update import random_update
+    from jaxrl_llm.bench.random_update import random_update, timed_call
     from jaxrl_llm.config import load_config
     from jaxrl_llm.parallel.mesh import make_mesh
     from jaxrl_llm.plan.program import model_config
@@ -59,11 +57,7 @@ def main(argv=None) -> None:
                          "batch": batch})
 
     def call(s):
-        args_ = jax.tree.map(jnp.copy, (params, opt_state))
-        jax.block_until_ready(args_)
-        t0 = time.perf_counter()
-        jax.block_until_ready(update(*args_, s["batch"], loss_coefs(cfg)))
-        return time.perf_counter() - t0
+        return timed_call(update, params, opt_state, s["batch"], loss_coefs(cfg))[0]
 
     for s in settings:  # warm-up: compiles each shape
         call(s)

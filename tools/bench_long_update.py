@@ -22,17 +22,7 @@ markdown table.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
-import time
-from pathlib import Path
-
-
-def _rss(key: str) -> int:
-    for line in open("/proc/self/status"):
-        if line.startswith(key):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 def build(config: str, overrides: list[str], name: str) -> dict:
@@ -61,22 +51,13 @@ def build(config: str, overrides: list[str], name: str) -> dict:
 
 def run_once(setting: dict) -> None:
     """One call of the setting's update on fresh copies of its state: wall time and RSS growth."""
-    import jax
-    import jax.numpy as jnp
+    from jaxrl_llm.bench.random_update import timed_call
 
-    update, params, opt_state, batch, coefs = setting["call"]
-    args = jax.tree.map(jnp.copy, (params, opt_state))
-    jax.block_until_ready(args)
-    gc.collect()
-    before = _rss("VmRSS")
-    if Path("/proc/self/clear_refs").exists():
-        open("/proc/self/clear_refs", "w").write("5")
-    t0 = time.perf_counter()
-    jax.block_until_ready(update(*args, batch, coefs))
+    seconds, growth = timed_call(*setting["call"])
     f = setting["facts"]
-    f["times"].append(round(time.perf_counter() - t0, 3))
+    f["times"].append(round(seconds, 3))
     f["update_s"] = min(f["times"])
-    f["rss_growth_bytes"] = max(f["rss_growth_bytes"], _rss("VmHWM") - before)
+    f["rss_growth_bytes"] = max(f["rss_growth_bytes"], growth)
 
 
 def main(argv=None) -> None:

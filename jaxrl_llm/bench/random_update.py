@@ -1,7 +1,12 @@
-"""The training update on random weights, allocated: what the update benchmarks time (tools/bench_long_update.py,
-tools/bench_explorer_layout.py). An update's cost does not depend on the weights' values."""
+"""The training update on random weights, allocated, and one timed call of it: what the update benchmarks time
+(tools/bench_long_update.py, tools/bench_explorer_layout.py). An update's cost does not depend on the weights'
+values."""
 
 from __future__ import annotations
+
+import gc
+import time
+from pathlib import Path
 
 from jaxrl_llm.config import Config
 
@@ -23,3 +28,27 @@ def random_update(cfg: Config, model_cfg, mesh):
     optimizer = rl_optimizer(cfg)
     opt_state = init_optimizer(optimizer, params, mesh)
     return make_update(graphdef, update_spec(cfg), optimizer, params, opt_state, mesh), params, opt_state
+
+
+def _rss(key: str) -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def timed_call(update, params, opt_state, batch, coefs) -> tuple[float, int]:
+    """(wall seconds, RSS growth in bytes) of one call of `update` on fresh copies of params / opt_state (Linux:
+    peak RSS reset through /proc/self/clear_refs; 0 elsewhere)."""
+    import jax
+    import jax.numpy as jnp
+
+    args = jax.tree.map(jnp.copy, (params, opt_state))
+    jax.block_until_ready(args)
+    gc.collect()
+    before = _rss("VmRSS")
+    if Path("/proc/self/clear_refs").exists():
+        open("/proc/self/clear_refs", "w").write("5")
+    t0 = time.perf_counter()
+    jax.block_until_ready(update(*args, batch, coefs))
+    return time.perf_counter() - t0, _rss("VmHWM") - before
