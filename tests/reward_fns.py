@@ -28,6 +28,11 @@ def not_finite(prompt, completion, item):
     return float("nan")
 
 
+def too_big(prompt, completion, item):
+    """Finite as a Python float, inf as float32 (the update's dtype)."""
+    return 1e39
+
+
 def not_a_number(prompt, completion, item):
     return "1.0"
 

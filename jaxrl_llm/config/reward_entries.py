@@ -4,7 +4,6 @@ checked when the config loads and nothing imported (rewards/functions.py imports
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import re
 from typing import Mapping, Sequence
@@ -14,6 +13,10 @@ BUILTIN = "builtin"
 _ATTR = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _KEYS = ("name", "weight")
+# The largest magnitude a reward function may return, and a weight may have. Rewards are float32 in the update and
+# their group statistics square them: past ~1e19 a square is inf and the group's advantages NaN, which skips the
+# whole step; 1e6 leaves room for any sum of weighted components (a value past it scores 0, counted as a failure).
+LIMIT = 1e6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,8 +52,9 @@ def parse(entries: Sequence) -> tuple[RewardFn, ...]:
                 raise ValueError(f"{where} ({dict(entry)!r}): a mapping takes the keys {list(_KEYS)} with 'name' "
                                  f"required" + (f"; unknown: {unknown}" if unknown else ""))
             weight = entry.get("weight", 1.0)
-            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
-                raise ValueError(f"{where} ({entry['name']!r}): weight must be a finite number, got {weight!r}")
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not abs(weight) <= LIMIT:
+                raise ValueError(f"{where} ({entry['name']!r}): weight must be a number in [-{LIMIT:g}, {LIMIT:g}], "
+                                 f"got {weight!r:.80}")
             entry = entry["name"]
         if not isinstance(entry, str) or ":" not in entry:
             raise ValueError(f"{where} ({entry!r}) must be 'module:function' or 'path/to/file.py:function'")

@@ -32,7 +32,7 @@ import os
 import sys
 from typing import Callable, Mapping, Sequence
 
-from jaxrl_llm.config.reward_entries import BUILTIN, RewardFn, parse  # noqa: F401 (parse: this module's API)
+from jaxrl_llm.config.reward_entries import BUILTIN, LIMIT, RewardFn, parse  # noqa: F401 (parse: this module's API)
 from jaxrl_llm.rewards.types import Score
 
 
@@ -113,9 +113,14 @@ def components(fn: RewardFn, value) -> dict[str, float]:
     def number(v, what: str) -> float:
         if not isinstance(v, numbers.Real):
             raise TypeError(f"{fn.label} returned {what}{type(v).__name__} {v!r:.80}, not a number")
-        if not math.isfinite(v):
-            raise ValueError(f"{fn.label} returned {what}{v}, not a finite number")
-        return float(v)
+        try:
+            x = float(v)
+        except OverflowError:  # an int past float's range
+            x = math.inf
+        if not abs(x) <= LIMIT:
+            raise ValueError(f"{fn.label} returned {what}{v!r:.80}, not a finite number in [-{LIMIT:g}, {LIMIT:g}] "
+                             f"(reward.functions: rewards are float32 and their group statistics square them)")
+        return x
 
     if isinstance(value, Mapping):
         if not value:

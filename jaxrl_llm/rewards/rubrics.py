@@ -302,8 +302,8 @@ def _parse_item(raw, where: str) -> RubricItem:
     description, weight, check, args = raw["description"], raw["weight"], raw["check"], raw.get("args", {})
     if not isinstance(description, str) or not description.strip():
         raise RubricError(f"{where}: key 'description' must be a non-empty string, got {description!r}")
-    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight < 0:
-        raise RubricError(f"{where}: key 'weight' must be a number >= 0, got {weight!r}")
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not _finite(weight) or weight < 0:
+        raise RubricError(f"{where}: key 'weight' must be a finite number >= 0, got {weight!r:.80}")
     if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
         raise RubricError(f"{where}: key 'args' must be an object of keyword arguments, got {args!r}")
     try:
@@ -360,9 +360,20 @@ def grade(items: Sequence[RubricItem], response: str, judged: Sequence[int | boo
     return weighted_score(items, met), met
 
 
+def _finite(x: int | float) -> bool:
+    """math.isfinite that says False, not OverflowError, for an int past float's range (10**400)."""
+    try:
+        return math.isfinite(x)
+    except OverflowError:
+        return False
+
+
 def weighted_score(items: Sequence[RubricItem], met) -> float:
-    """sum_k w_k m_k / sum_k w_k of the items met (0 when every weight is 0)."""
+    """sum_k w_k m_k / sum_k w_k of the items met (0 when every weight is 0); the weights are scaled by their
+    largest first, so that weights near float's range cannot sum to inf (inf / inf would be a NaN reward)."""
     weights = np.array([it.weight for it in items], np.float64)
+    if weights.size and weights.max() > 0:
+        weights = weights / weights.max()
     total = weights.sum()
     return float(weights @ np.asarray(met, np.float64) / total) if total > 0 else 0.0
 

@@ -5,15 +5,18 @@ the built-in scorer's."""
 import json
 from pathlib import Path
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jaxrl_llm.config import ConfigError, load_config
 from jaxrl_llm.data.types import TaskItem
 from jaxrl_llm.rewards import examples
+from jaxrl_llm.rewards.functions import components, parse
 from jaxrl_llm.rewards.pool import RewardPool
 from jaxrl_llm.rewards.scoring import score_parts
 from jaxrl_llm.rewards.types import Score
+from jaxrl_llm.rl.advantages import group_advantages
 
 FNS = str(Path(__file__).resolve().parents[1] / "reward_fns.py")
 
@@ -25,7 +28,9 @@ def _cfg(functions, *extra):
 @pytest.mark.parametrize("functions,extra,message", [
     (["nocolon"], [], "reward.functions[0] ('nocolon') must be 'module:function'"),
     ([{"name": "a:f", "wieght": 2}], [], "unknown: ['wieght']"),
-    ([{"name": "a:f", "weight": "heavy"}], [], "reward.functions[0] ('a:f'): weight must be a finite number"),
+    ([{"name": "a:f", "weight": "heavy"}], [], "reward.functions[0] ('a:f'): weight must be a number in"),
+    ([{"name": "a:f", "weight": 2e6}], [], "reward.functions[0] ('a:f'): weight must be a number in [-1e+06, 1e+06]"),
+    ([{"name": "a:f", "weight": 10**400}], [], "weight must be a number in [-1e+06, 1e+06], got 1000"),
     (["a:f", "b.py:f"], [], "reward.functions[1] ('b.py:f'): a second function named 'f'"),
     (["a:f(x)"], [], "'f(x)' is not a function name"),
     ([], ["reward.builtin=false"], "reward.builtin=false needs reward.functions"),
@@ -75,17 +80,17 @@ def test_components_weighted_and_failures_scored_zero_and_counted():
     items = [TaskItem("a", "Q1", "7", "exact", extra=json.dumps({"target": "x"})), TaskItem("b", "Q2", "8", "exact")]
     texts, row_item = ["7", "x 8", " 8 "], np.array([0, 0, 1])
     good = [f"{FNS}:has_answer", {"name": f"{FNS}:parts", "weight": 0.5}, f"{FNS}:prompt_echo"]
-    bad = [f"{FNS}:raises", f"{FNS}:not_finite", f"{FNS}:not_a_number", f"{FNS}:endless"]
+    bad = [f"{FNS}:raises", f"{FNS}:not_finite", f"{FNS}:not_a_number", f"{FNS}:endless", f"{FNS}:too_big"]
     cfg = _cfg(good + bad, "data.instruction=Say it.")
     with RewardPool(2, 0.5, scorers=["exact"], functions=cfg.reward.functions) as pool:
         s = score_parts(pool, cfg, items, texts, row_item)
-        assert s.fn_errors == 4 * 3 and pool.stats.timeouts == 3 and pool.stats.errors == 9
+        assert s.fn_errors == 5 * 3 and pool.stats.timeouts == 3 and pool.stats.errors == 12
         np.testing.assert_allclose(s.rewards, _brute((1.0, 0.5), 1.0, texts, items, row_item) + 1.0, rtol=1e-6)
         np.testing.assert_array_equal(s.components["builtin"], [1, 0, 1])  # exact match of the stripped response
         m = s.metrics()
         assert m["reward/chars"] == pytest.approx(np.mean([1, 3, 3])) and m["reward/hit"] == pytest.approx(1 / 3)
         assert m["reward/has_answer"] == pytest.approx(2 / 3) and m["reward/prompt_echo"] == 1.0
-        assert m["reward_fn_errors"] == 12 and "reward.functions[" in m["reward_fn_last_error"]
+        assert m["reward_fn_errors"] == 15 and "reward.functions[" in m["reward_fn_last_error"]
         np.testing.assert_array_equal(s.correct, [True, False, True])  # the built-in scorer's full marks
         assert pool.map([("exact", "7", "", "7", "raw")]) == [Score(1.0)]  # the pool serves on
     # the functions alone, accuracy from one of their components
@@ -95,6 +100,30 @@ def test_components_weighted_and_failures_scored_zero_and_counted():
     np.testing.assert_allclose(s.rewards, _brute((1.0, 0.5), 0.0, texts, items, row_item) + 1.0, rtol=1e-6)
     np.testing.assert_array_equal(s.correct, [False, True, False])
     assert s.fn_errors == 0 and "builtin" not in s.components and "reward_fn_last_error" not in s.metrics()
+
+
+def _advantages(rewards):
+    n = len(rewards)
+    return np.asarray(group_advantages(jnp.asarray(np.array(rewards, np.float32)), jnp.zeros(n, jnp.int32),
+                                       jnp.ones(n, bool), estimator="grpo", num_groups=1))
+
+
+@pytest.mark.parametrize("value,accepted", [(1e6, True), (-1e6, True), (1e6 * (1 + 1e-15), False), (1e39, False),
+                                            (10**400, False), (float("-inf"), False), ({"a": 1.0, "b": 3e38}, False)])
+def test_values_past_the_limit_are_refused_naming_the_function(value, accepted):
+    """A value finite as a Python float can be inf as float32 (1e39), or square to inf in the group statistics
+    (3e38): one such row would make its group's advantages NaN and skip the whole step. Past 1e6 it is refused (the
+    pool scores it 0 and counts it), naming the function; an int past float's range too, not an OverflowError."""
+    fn = parse([f"{FNS}:too_big"])[0]
+    if accepted:
+        assert components(fn, value) == {"too_big": value}
+        assert np.isfinite(_advantages([value, 0.0, value, 0.0])).all()
+        return
+    if isinstance(value, float) and abs(value) > 1e30:  # what the refusal prevents
+        with np.errstate(over="ignore"):  # the float32 cast is the overflow shown
+            assert np.isnan(_advantages([value, 0.0, value, 0.0])).all()
+    with pytest.raises(ValueError, match=r"^reward.functions\[0\] .* not a finite number in \[-1e\+06, 1e\+06\]"):
+        components(fn, value)
 
 
 def test_worked_examples():
