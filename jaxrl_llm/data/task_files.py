@@ -33,6 +33,9 @@ def _jsonl_rows(path: str) -> list[dict]:
                     row = json.loads(line.rstrip("\r\n"))
                 except json.JSONDecodeError as e:
                     raise DataError(f"{where}: not JSON: {e.msg} (column {e.colno})") from None
+                except (ValueError, RecursionError) as e:  # a 5,000-digit integer, nesting deeper than Python's stack
+                    raise DataError(f"{where}: not a row this reader can take: {type(e).__name__}: {e}"[:300]) \
+                        from None
                 if not isinstance(row, dict):
                     raise DataError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
                 rows.append(row)

@@ -87,10 +87,10 @@ def _difficulty(row: dict, where: str) -> float:
         return float("nan")
     try:
         difficulty = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         difficulty = float("nan")
     if not 0.0 <= difficulty <= 1.0:
-        raise DataError(f"{where} has difficulty {value!r}; give a number in [0, 1] (1 hardest) or leave it out")
+        raise DataError(f"{where} has difficulty {value!r:.80}; give a number in [0, 1] (1 hardest) or leave it out")
     return difficulty
 
 

@@ -135,7 +135,7 @@ GOOD = {"question": "Say hi.", "rubric": [{"description": "No commas.", "weight"
     (json.dumps({"question": "q"}), r"row 1: key 'rubric' is missing"),
     (json.dumps({"question": "q", "rubric": "no commas"}), r"row 1: key 'rubric' must be a non-empty list"),
     (json.dumps({**GOOD, "rubric": GOOD["rubric"] + [{"description": "x", "weight": -2, "check": "judge"}]}),
-     r"row 1 item 1: key 'weight' must be a number >= 0, got -2"),
+     r"row 1 item 1: key 'weight' must be a finite number >= 0, got -2"),
     (json.dumps({**GOOD, "rubric": [{"description": "x", "weight": 1, "check": "ifeval:punctuation:no_commas"}]}),
      r"row 1 item 0: check 'ifeval:punctuation:no_commas' is no if-verifiable instruction id; closest: "
      r"'punctuation:no_comma'"),
@@ -238,6 +238,18 @@ def test_task_file_errors_name_the_file_and_line(tmp_path):
         _loaded(path, "jsonl")
     path.write_text(json.dumps(MIXED[2]) + "\n" + json.dumps(["q", "a"]) + "\n")
     with pytest.raises(DataError, match=r"broken\.jsonl: line 2: a row must be a JSON object, got list$"):
+        _loaded(path, "jsonl")
+    for bad, why in [('{"question": "q", "answer": ' + "9" * 5000 + "}", "ValueError: Exceeds the limit"),
+                     ('{"question": ' * 200_000, "RecursionError")]:  # json.loads' own errors, not JSONDecodeError
+        path.write_text(json.dumps(MIXED[2]) + "\n" + bad + "\n")
+        with pytest.raises(DataError, match=rf"broken\.jsonl: line 2: not a row this reader can take: {why}"):
+            _loaded(path, "jsonl")
+    huge = '{"question": "q", "answer": "1", "difficulty": 1' + "0" * 400 + "}"
+    path.write_text(json.dumps(MIXED[2]) + "\n" + huge + "\n")
+    with pytest.raises(DataError, match=r"broken\.jsonl: row 1 has difficulty 1000{77}; give a number in \[0, 1\]"):
+        _loaded(path, "jsonl")
+    path.write_text(json.dumps({**MIXED[2], "rubric": [{"description": "d", "weight": 10**400, "check": "judge"}]}))
+    with pytest.raises(DataError, match=r"broken\.jsonl: row 0 item 0: key 'weight' must be a finite number >= 0"):
         _loaded(path, "jsonl")
     path.write_bytes(b'{"question": "caf\xe9", "answer": "1"}\n')
     with pytest.raises(DataError, match=r"broken\.jsonl: not UTF-8 text"):
