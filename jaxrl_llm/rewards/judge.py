@@ -6,7 +6,9 @@ one from our own jitted Sampler, so a local model judges without another serving
 one batch, greedily; only the requests whose answer did not parse are asked again, sampled at
 `retry_temperature` with a new seed each time (a greedy retry would repeat the answer), and a request still
 unparsed after the retries scores 0 on its items and is counted in `parse_failures` (a judge that cannot answer
-must not grant reward). `pass_rate` (items met / items judged, last call) shows a judge that grants everything.
+must not grant reward). A prompt too long for the judge's context (a response that ran to the policy's context
+limit, plus the judge's header) is not asked: `generate` gives None for it, its items score 0 and it is counted in
+`too_long`. `pass_rate` (items met / items judged, last call) shows a judge that grants everything.
 
 The response is the policy's output, so it is adversarial: the prompt puts the criteria first and the response
 last, inside a block whose marker the response cannot know in advance (it is derived from the response's own
@@ -27,7 +29,7 @@ import jax
 
 from jaxrl_llm.rewards.rubrics import JUDGE, RubricItem
 
-Generate = Callable[..., list[str]]  # (prompts, temperature=0.0, seed=0) -> texts
+Generate = Callable[..., list[str | None]]  # (prompts, temperature=0.0, seed=0) -> texts (None: did not fit)
 JudgeRequest = tuple[str, str, Sequence[RubricItem]]  # (question, response, the items to judge)
 
 _VERDICT = re.compile(r"\[\s*(?:(?:0|1|true|false)\s*,\s*)*(?:0|1|true|false)\s*\]", re.IGNORECASE)
@@ -97,6 +99,7 @@ class Judge:
         self.generate = generate
         self.max_retries, self.retry_temperature = max_retries, retry_temperature
         self.parse_failures = 0
+        self.too_long = 0  # requests whose prompt did not fit the judge's context, over the run
         self.retry_seed = 0  # each retry batch samples with a seed of its own
         self.judged = self.passed = 0  # items, over the run
         self.pass_rate = float("nan")  # items met / items judged in the last call
@@ -118,9 +121,12 @@ class Judge:
                                       seed=self.retry_seed)
             if len(texts) != len(pending):
                 raise ValueError(f"the judge's generate returned {len(texts)} texts for {len(pending)} prompts")
+            unfit = {i for i, text in zip(pending, texts) if text is None}
+            self.too_long += len(unfit)
             for i, text in zip(pending, texts):
-                verdicts[i] = parse_verdict(text, sizes[i])
-            pending = [i for i in pending if verdicts[i] is None]
+                if text is not None:
+                    verdicts[i] = parse_verdict(text, sizes[i])
+            pending = [i for i in pending if verdicts[i] is None and i not in unfit]
         self.parse_failures += len(pending)
         out = [v if v is not None else [0] * n for v, n in zip(verdicts, sizes)]
         judged, passed = sum(sizes), sum(sum(v) for v in out)
@@ -133,12 +139,19 @@ def sampler_generate(sampler, params, tokenizer, max_new_tokens: int, chat_templ
                      min_rows: int = 0) -> Generate:
     """`generate` from our Sampler: greedy unless given a temperature (then sampled with key `seed`), each prompt
     encoded by `encode_judge_prompt`, the generated tokens decoded without special tokens. `min_rows`: the
-    sampler's batch floor, so calls of varying sizes share a program."""
-    def generate(prompts: list[str], temperature: float = 0.0, seed: int = 0) -> list[str]:
+    sampler's batch floor, so calls of varying sizes share a program. A prompt that leaves no room in the
+    sampler's cache gives None (the Judge counts it) instead of failing the whole batch."""
+    def generate(prompts: list[str], temperature: float = 0.0, seed: int = 0) -> list[str | None]:
         key = {"key": jax.random.key(seed)} if temperature > 0 else {}
-        out = sampler(params, [encode_judge_prompt(tokenizer, p, chat_template) for p in prompts],
-                      max_new_tokens=max_new_tokens, temperature=temperature, min_rows=min_rows, **key)
-        return [tokenizer.decode(out.generated(i), skip_special_tokens=True) for i in range(out.rows)]
+        ids = [encode_judge_prompt(tokenizer, p, chat_template) for p in prompts]
+        fit = [i for i, x in enumerate(ids) if sampler.fits(len(x))]
+        texts: list[str | None] = [None] * len(prompts)
+        if fit:
+            out = sampler(params, [ids[i] for i in fit], max_new_tokens=max_new_tokens, temperature=temperature,
+                          min_rows=min_rows, **key)
+            for row, i in enumerate(fit):
+                texts[i] = tokenizer.decode(out.generated(row), skip_special_tokens=True)
+        return texts
 
     return generate
 

@@ -239,6 +239,10 @@ class Sampler:
         kwargs.setdefault("stop_ids", model.cfg.eos_token_ids)
         return cls(graphdef, **kwargs), state
 
+    def fits(self, context_len: int) -> bool:
+        """Whether a context of this many tokens leaves the cache room for a new token (else PromptTooLongError)."""
+        return 0 < context_len and context_len + 1 <= self.max_cache_len
+
     def shapes(self, n_rows: int, max_context: int, max_new: int) -> tuple[int, int, int]:
         """(batch bucket, prefill length, buffer slots) for a call of this size."""
         prefill = bucket(max_context, self.min_context)
@@ -295,7 +299,7 @@ class Sampler:
         for i, c in enumerate(ctx_len):
             if c == 0:
                 raise ValueError(f"row {i}: empty prompt")
-            if c + 1 > self.max_cache_len:
+            if not self.fits(c):
                 raise PromptTooLongError(
                     f"row {i}: context of {c} tokens leaves no room in a cache of {self.max_cache_len} "
                     f"(max_cache_len); shorten the prompt or raise max_cache_len")

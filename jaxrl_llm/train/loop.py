@@ -123,7 +123,8 @@ class Run:
         return {"reward_errors": hosts.sum_int(s.errors), "reward_timeouts": hosts.sum_int(s.timeouts),
                 "reward_memory": hosts.sum_int(s.memory), "reward_killed": hosts.sum_int(s.killed),
                 "dropped_prompts": self.dropped_prompts,
-                **({"judge_parse_failures": self.judge.parse_failures, "judge_pass_rate": self.judge.pass_rate}
+                **({"judge_parse_failures": self.judge.parse_failures, "judge_too_long": self.judge.too_long,
+                    "judge_pass_rate": self.judge.pass_rate}
                    if self.judge is not None else {})}
 
     def evaluate(self, pool: RewardPool) -> dict:

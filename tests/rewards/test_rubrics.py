@@ -11,11 +11,12 @@ import pytest
 from jaxrl_llm.model.char_tokenizer import char_tokenizer
 from jaxrl_llm.model.tokenizer import encode_chat
 from jaxrl_llm.rewards import rubrics
-from jaxrl_llm.rewards.judge import Judge, aligned, judge_items, judge_prompt, parse_verdict, sampler_generate
+from jaxrl_llm.rewards.judge import (Judge, aligned, encode_judge_prompt, judge_items, judge_prompt, parse_verdict,
+                                     sampler_generate)
 from jaxrl_llm.rewards.rubrics import (LEFT_OUT, RubricError, dump_rubric, grade, parse_rubric, register_check,
                                        score_rubric)
 from jaxrl_llm.rewards.types import Score
-from jaxrl_llm.sampling.sampler import Sampler, SampleOutput
+from jaxrl_llm.sampling.sampler import PromptTooLongError, Sampler, SampleOutput
 
 
 @register_check("test_breaks_on_boom")
@@ -133,6 +134,16 @@ def test_weights_judge_items_and_edge_cases():
     assert score == 0.0 and met.tolist() == [True, True]
 
 
+def test_weights_near_floats_range_give_a_finite_score():
+    """Two weights of 1e308 sum to inf: before, the score was inf / inf = NaN, and one NaN reward makes its whole
+    group's advantages NaN (the step is skipped). Scaled by the largest weight first, the fraction is exact."""
+    items = parse_rubric([item("ifeval:punctuation:no_comma", weight=1e308), item("judge", weight=1e308),
+                          item("judge", weight=1e307)], "t")
+    assert grade(items, "No commas.", judged=[None, 1, 1])[0] == 1.0
+    assert grade(items, "No commas.", judged=[None, 0, 0])[0] == pytest.approx(10 / 21, rel=1e-12)
+    assert grade(items, "a, b", judged=[None, 0, 1])[0] == pytest.approx(1 / 21, rel=1e-12)
+
+
 def test_raising_checker_counts_as_unmet():
     items = parse_rubric([item("py:test_breaks_on_boom"), item("ifeval:punctuation:no_comma")], "t")
     assert grade(items, "it goes boom")[1].tolist() == [False, True]
@@ -150,8 +161,10 @@ def test_score_rubric_for_workers():
 
 @pytest.mark.parametrize("raw,message", [
     ({"description": "d", "check": "judge"}, r"f\.jsonl: row 3 item 0: key 'weight' is missing"),
-    (item("judge", weight=-1), r"row 3 item 0: key 'weight' must be a number >= 0, got -1"),
-    (item("judge", weight=True), r"key 'weight' must be a number"),
+    (item("judge", weight=-1), r"row 3 item 0: key 'weight' must be a finite number >= 0, got -1"),
+    (item("judge", weight=10**400), r"row 3 item 0: key 'weight' must be a finite number >= 0, got 1000"),
+    (item("judge", weight=float("nan")), r"row 3 item 0: key 'weight' must be a finite number >= 0, got nan"),
+    (item("judge", weight=True), r"key 'weight' must be a finite number >= 0, got True"),
     (item("judge", description=" "), r"key 'description' must be a non-empty string"),
     ({**item("judge"), "wieght": 1}, r"unknown key 'wieght'; closest: 'weight'"),
     (item("ifeval:no_coma"), r"check 'ifeval:no_coma' is no if-verifiable instruction id; closest: "
@@ -329,8 +342,9 @@ def test_judge_gives_up_with_zeros():
 class StubSampler:
     """Stands in for Sampler: same call signature; every row 'generates' the given text then the stop token."""
 
-    def __init__(self, tok, text):
+    def __init__(self, tok, text, max_cache_len=1 << 20):
         self.tok, self.text, self.calls = tok, text, []
+        self.fits = Sampler(None, pad_id=0, max_cache_len=max_cache_len).fits  # the real sampler's rule
 
     def __call__(self, state, prompts, **kwargs):
         inspect.signature(Sampler.__call__).bind(None, state, prompts, **kwargs)
@@ -359,6 +373,26 @@ def test_sampler_generate_greedy_chat_decoded():
     assert plain(["judge this"]) == ["[1, 0]"]
     assert sampler.calls[1][0][0] == tok("judge this", add_special_tokens=False)["input_ids"]
     assert Judge(generate)([("q", "r", judge_items(JUDGED))]) == [[1, 0]]
+
+
+def test_a_judge_prompt_too_long_for_the_judge_scores_0_and_is_counted():
+    """A response that ran to the policy's context limit, plus the judge's header, does not fit a judge whose
+    context is no longer (reward.judge=policy, or a smaller judge model): before, the sampler's PromptTooLongError
+    ended the run. Now that request is not sent, its items score 0, it is counted apart from unparsable verdicts
+    and not retried; the requests that fit are judged as before."""
+    tok = char_tokenizer()
+    short, long = ("q", "r", judge_items(JUDGED)), ("q", "r" * 300, judge_items(JUDGED))
+    room = len(encode_judge_prompt(tok, judge_prompt(*short))) + 1  # a cache with one slot after the short prompt
+    real = Sampler(None, pad_id=0, max_cache_len=room)
+    assert real.fits(room - 1) and not real.fits(room) and not real.fits(0)
+    with pytest.raises(PromptTooLongError, match="row 0: context of"):
+        real(None, [[5] * room])
+    sampler = StubSampler(tok, "[1, 1]", max_cache_len=room)
+    judge = Judge(sampler_generate(sampler, "params", tok, max_new_tokens=4), max_retries=2)
+    assert judge([long, short, long]) == [[0, 0], [1, 1], [0, 0]]
+    assert sampler.calls[0][0] == [encode_judge_prompt(tok, judge_prompt(*short))] and len(sampler.calls) == 1
+    assert (judge.too_long, judge.parse_failures, judge.judged, judge.passed) == (2, 0, 6, 2)
+    assert judge([long]) == [[0, 0]] and len(sampler.calls) == 1 and judge.too_long == 3  # nothing sent
 
 
 @pytest.mark.slow
