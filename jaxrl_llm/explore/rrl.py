@@ -147,6 +147,10 @@ class RRL(Explorer):
         c = self.cfg
         max_prefix = max(1, min(c.max_prefix_tokens, setup.max_new_tokens - 1))
         k_max = int(c.replay_ratio * setup.rows) // c.continuations
+        if k_max == 0:  # RRL would only collect states, every step, with nothing to say so but a zero metric
+            raise ValueError(f"explore.rrl: replay_ratio x rows per step ({c.replay_ratio} x {setup.rows}) is below "
+                             f"continuations ({c.continuations}): no state could ever be replayed; raise "
+                             f"explore.rrl.replay_ratio or the rows per step, or lower explore.rrl.continuations")
         if c.boundary != "tokens" and setup.tokenizer is None:
             raise ValueError(f"explore.rrl.boundary={c.boundary!r} needs the run's tokenizer")
         references = ()
@@ -191,7 +195,7 @@ class RRL(Explorer):
                                        temperature=c.priority_temperature, now=info.step - 1,
                                        age_penalty=c.age_penalty, rule=c.priority)
         slots = np.asarray(slots)[:k][np.asarray(valid)[:k]]  # the k best draws (top-k order), occupied ones
-        fresh = np.flatnonzero(~plan.replayed & ~plan.hindsight)
+        fresh = np.flatnonzero(plan.fresh)
         freed = fresh[free_slots(plan.group[fresh], len(slots) * c.continuations)]
         slots = slots[:len(freed) // c.continuations]
         k = len(slots)
@@ -265,7 +269,7 @@ class RRL(Explorer):
         groups, first_row = np.unique(plan.group[from_plan], return_index=True)
         drawn = plan.replay_slot[from_plan][first_row]
         ok = rollouts.correct
-        fresh = ~plan.replayed & ~plan.hindsight
+        fresh = plan.fresh
         step_solved = np.bincount(plan.prompt[fresh], weights=ok[fresh], minlength=p)
         step_count = np.bincount(plan.prompt[fresh], minlength=p).astype(np.float64)
         seen = step_count > 0
@@ -312,7 +316,8 @@ class RRL(Explorer):
         now_solved = seen & (last >= c.unsolved_below)
         replay = run.ops.drop_prompts(replay, jnp.asarray(now_solved))
         if c.max_age:
-            replay = run.ops.drop_older(replay, jnp.int32(info.step - 1 - c.max_age))
+            # the next draw (step + 1) has now = step: keep versions whose age there is at most max_age
+            replay = run.ops.drop_older(replay, jnp.int32(info.step - c.max_age))
         unsolved_P = last < c.unsolved_below  # never-sampled prompts only appear here through replay
         batch = np.asarray(info.prompt_ids)
         cand = self._candidates(run, rollouts, unsolved_P, batch[seen[batch] & unsolved_P[batch]])
