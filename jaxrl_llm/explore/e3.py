@@ -142,7 +142,7 @@ class E3(Explorer):
     # -- after the update ---------------------------------------------------------------------------
     def observe(self, state: E3State, rollouts: Rollouts, info: StepInfo) -> tuple[E3State, dict]:
         plan, out = rollouts.plan, rollouts.out
-        fresh = ~plan.replayed & ~plan.hindsight
+        fresh = plan.fresh
         mask = out.response_mask & fresh[:, None]
         entropy = float(out.entropy[mask].mean()) if mask.any() else float(state.entropy)
         item = plan.prompt

@@ -186,7 +186,7 @@ class HeRL(Explorer):
         c, run, plan = self.cfg, state.run, rollouts.plan
         scored = rollouts.scored
         met = rollouts.met if rollouts.met is not None else np.zeros((rollouts.rows, 0), bool)
-        failed = failed_groups(plan.group, scored, ~plan.replayed & ~plan.hindsight, c.threshold)
+        failed = failed_groups(plan.group, scored, plan.fresh, c.threshold)
         met_count = met.sum(axis=1)
         cands = candidates(failed, scored, met_count, c.candidate_limit)
         metrics = {"herl_failed_groups": len(failed), "herl_candidates": len(cands), "herl_revisions": 0,
@@ -248,8 +248,9 @@ class HeRL(Explorer):
                 new = dataclasses.replace(new, out=moved)
             result = result.replace_rows(np.asarray(victims), new)
         if copies:
-            result = result.replace_rows(np.array([v for v, _ in copies]),
-                                         result.take(np.array([o for _, o in copies])))
+            copy = result.take(np.array([o for _, o in copies]))
+            copy = dataclasses.replace(copy, plan=dataclasses.replace(copy.plan, copied=np.ones(len(copies), bool)))
+            result = result.replace_rows(np.array([v for v, _ in copies]), copy)
         metrics.update({
             "herl_revisions": n, "herl_kept": len(kept) + len(copies),
             "herl_revision_success": float(np.mean(rev > np.array([failed[f][2] for f in cand_of]) + TIE)),

@@ -44,12 +44,22 @@ class RowPlan:
     # [N] int32: the replay slot a replayed row continues, -1 for the others. What RRL's observe reads back of
     # its plan: it travels with the rows, so nothing is held between the phases (default: all -1)
     replay_slot: np.ndarray | None = None
+    # [N] bool: a copy of another row of its group (HeRL's keep_best_original), not a sample of its own
+    copied: np.ndarray | None = None
 
-    _ROW_FIELDS = ("prompt", "group", "temperature", "replayed", "hindsight", "row_keys", "replay_slot")
+    _ROW_FIELDS = ("prompt", "group", "temperature", "replayed", "hindsight", "row_keys", "replay_slot", "copied")
 
     def __post_init__(self):
         if self.replay_slot is None:
             object.__setattr__(self, "replay_slot", np.full(len(self.group), -1, np.int32))
+        if self.copied is None:
+            object.__setattr__(self, "copied", np.zeros(len(self.group), bool))
+
+    @property
+    def fresh(self) -> np.ndarray:
+        """[N] bool: the rows sampled from their prompt as they are (no replayed prefix, no revision, no copy):
+        the rows every step figure and explorer tracker counts."""
+        return ~self.replayed & ~self.hindsight & ~self.copied
 
     @classmethod
     def groups(cls, sizes: Sequence[int], temperature, key: jax.Array, prompt_ids=None) -> "RowPlan":

@@ -101,7 +101,7 @@ def rollout_metrics(r: Rollouts) -> dict:
     scoring) and `reward_fn_last_error`.
     Lengths, entropy and temperature cover every sampled row (what sampling cost)."""
     out, rewards = r.out, r.rewards
-    fresh = ~r.plan.replayed & ~r.plan.hindsight
+    fresh = r.plan.fresh
     scores, correct = getattr(r, "scores", None), r.correct
     mask = out.response_mask
     metrics = {

@@ -210,6 +210,13 @@ def test_nothing_failed_or_nothing_qualifies():
                          stub.logprobs)
     assert m["herl_kept"] == 2 and not new.plan.hindsight.any()
     assert sorted(new.texts).count("draft 1") == 2  # group 0's best (row 1, first of the tied) copied once
+    # the copies are marked: E3's and RRL's trackers and the step figures count each sample once and no copy
+    # (before, a copy counted as a fresh sample: the best response twice, the overwritten one not at all)
+    copied = np.flatnonzero(new.plan.copied)
+    assert len(copied) == 2 and all(new.texts[i] != r2.texts[i] for i in copied)
+    assert not (new.plan.fresh & new.plan.copied).any() and new.plan.fresh.sum() == 12 - 2
+    assert sorted(t for t, f in zip(new.texts, new.plan.fresh) if f) == \
+        sorted(t for i, t in enumerate(r2.texts) if i not in set(copied))
 
 
 def test_small_groups_keep_a_sampled_row_and_copies_never_land_on_the_best(seed=0):
