@@ -28,6 +28,7 @@ from jaxrl_llm.model.tokenizer import pad_id, stop_ids
 from jaxrl_llm.model.transformer import Transformer
 from jaxrl_llm.train.cli_options import DTYPES
 from jaxrl_llm.train.restore import load_checkpoint, refuse_inside_run
+from jaxrl_llm.utils.atomic import atomic_folder
 
 def export_policy(model: Transformer, folder: Path, tokenizer, dtype: str | None = None) -> Path:
     """Write the HF folder of `model` (its parameter dtype unless `dtype`) with `tokenizer`'s files."""
@@ -62,10 +63,12 @@ def export_checkpoint(cfg: Config, mesh, out: Path, step: str | None = None, dty
     loaded = load_checkpoint(cfg, mesh, step, log=log)
     model = nnx.merge(loaded.policy.graphdef, loaded.params)
     if adapter:
-        export_adapter(model, out, cfg.model.name)
+        with atomic_folder(out) as folder:
+            export_adapter(model, folder, cfg.model.name)
         log(f"exported the LoRA adapter of {loaded.source} (RL step {loaded.step}) in PEFT's format to {out}")
         return out
-    export_policy(model, out, loaded.policy.tokenizer, dtype)
+    with atomic_folder(out) as folder:  # whole or not at all (utils/atomic.py)
+        export_policy(model, folder, loaded.policy.tokenizer, dtype)
     log(f"exported {loaded.source} (RL step {loaded.step}) in {dtype}" + (" with its LoRA adapter merged" if
         cfg.model.lora.rank else "") + f" to {out}")
     return out

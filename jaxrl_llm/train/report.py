@@ -13,21 +13,27 @@ from jaxrl_llm.parallel import hosts
 from jaxrl_llm.train.export import export_adapter, export_policy
 from jaxrl_llm.train.stop import RESUME_EXIT_CODE
 from jaxrl_llm.train.tracking import summary
+from jaxrl_llm.utils.atomic import atomic_folder
 
 
 def export_final(run, final: Path) -> None:
     """The policy as a Hugging Face folder (a LoRA run's adapter merged, and the adapter alone in PEFT's format
     in `<final>_adapter`), written by process 0 (every process takes part in gathering parameters sharded over
-    hosts)."""
+    hosts). Each folder is written whole and renamed into place (utils/atomic.py): a kill mid-export leaves the
+    previous export or none, never a part that a rerun would take for complete."""
     params = run.state.params
     if hosts.count() > 1:
         params = jax.tree.map(lambda x: jnp.asarray(hosts.to_host(x)), params)
     if jax.process_index() == 0:
         model = nnx.merge(run.policy.graphdef, params)
-        export_policy(model, final, run.tok)
+        if run.policy.adapters:  # first: `final/` (what a rerun checks) appears only after both are whole
+            adapter = final.with_name(final.name + "_adapter")
+            with atomic_folder(adapter) as folder:
+                export_adapter(model, folder, run.cfg.model.name)
+        with atomic_folder(final) as folder:
+            export_policy(model, folder, run.tok)
         run.log(f"exported the final policy to {final}")
         if run.policy.adapters:
-            adapter = export_adapter(model, final.with_name(final.name + "_adapter"), run.cfg.model.name)
             run.log(f"exported its LoRA adapter (PEFT's format) to {adapter}")
 
 
