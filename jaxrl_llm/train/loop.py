@@ -154,5 +154,10 @@ class Run:
             last_eval, saved = stages.rl(self, writer, pool, stop, last_eval, saved)
             if stop.sync() and self.state.stage != "rl":
                 saved = self.save(wait=True)
-        report.finish(self, writer, stop, saved)
+        # the last checkpoint may still be committing (async) and the export is to come: a SIGTERM there would kill
+        # the process at once, losing that checkpoint. The handlers stay on (no watchdog: other hosts may be gone)
+        with StopFlag(log=self.log) as late:
+            report.finish(self, writer, stop, saved)
+        if late.requested:
+            self.log(f"{late.describe()} arrived while the run closed: its last save and export completed first")
         return last_eval

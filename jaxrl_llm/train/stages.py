@@ -102,7 +102,9 @@ def start_rl(run) -> None:
     st = run.state
     # with LoRA the reference is the same frozen base with the adapters of this moment: no second copy of the base
     st.ref_params = jax.tree.map(jnp.copy, lora.trainable(st.params)) if run.cfg.algo.kl_coef > 0 else None
-    if run.cfg.sft.steps > 0:
+    # the state holds SFT's optimizer whenever SFT ran or a run resumed mid-SFT, even if sft.steps is now 0 (a
+    # key that may change on resume): its moments, step count and hyperparameters must not carry into RL
+    if st.stage == "sft" or run.cfg.sft.steps > 0:
         st.opt_state = init_optimizer(run.optimizer, st.params, run.mesh)
     st.stage = "rl"
 
@@ -129,7 +131,10 @@ def rl(run, writer, pool, stop, last_eval: dict, saved: str) -> tuple[dict, str]
     steps (and at the end, and when a stop is agreed)."""
     cfg, st = run.cfg, run.state
     bar = tqdm(total=cfg.train.steps, initial=st.step, desc="train", disable=jax.process_index() != 0)
-    while st.stage == "rl" and st.step < cfg.train.steps and not stop.sync():
+    # one agreement per step, read by both the save and the loop: a stop asked between two agreements would
+    # otherwise end the loop on a step that no save saw (the work since the last checkpoint lost)
+    stopping = stop.sync()
+    while st.stage == "rl" and st.step < cfg.train.steps and not stopping:
         st.step += 1
         m = rl_step(run, pool, writer)
         write(run, writer, st.step, m)

@@ -73,3 +73,56 @@ def test_only_http_urls_are_watched(tmp_path):
     for bad in ("1", "31"):  # beats come every second; jax.distributed gives up on a silent process after 100 s
         with pytest.raises(ConfigError, match=rf"train.watchdog_stale_s={float(bad)} must be in \[2, 30\]"):
             load_config(None, [f"train.watchdog_stale_s={bad}"])
+
+
+class _Late:
+    """A stop whose request arrives right after an agreement: the signal lands between two `sync()` calls."""
+
+    def __init__(self):
+        self.requested = self.agreed = self.armed = False
+
+    def sync(self) -> bool:
+        self.agreed = self.requested
+        if self.armed:  # the request comes in just after this agreement
+            self.requested, self.armed = True, False
+        return self.agreed
+
+
+def test_a_stop_asked_between_agreements_still_saves_the_last_step(monkeypatch):
+    """stages.rl read the agreement twice a step (to save, then to loop); a request between the two ended the
+    loop on a step no save had seen, losing the work since the last checkpoint. One agreement a step now."""
+    import types
+
+    from jaxrl_llm.train import stages
+
+    flag, saves = _Late(), []
+
+    def rl_step(run, pool, writer):
+        flag.armed = run.state.step == 3  # the signal arrives during step 3, after its agreement is read
+        return {"reward_mean": 0.0, "accuracy": 0.0, "entropy": 0.0, "temperature": 1.0, "sample_tokens_per_s": 0.0}
+
+    monkeypatch.setattr(stages, "rl_step", rl_step)
+    monkeypatch.setattr(stages, "write", lambda *a, **k: None)
+    cfg = types.SimpleNamespace(train=types.SimpleNamespace(steps=10, checkpoint_every=100),
+                                eval=types.SimpleNamespace(every=100))
+    run = types.SimpleNamespace(cfg=cfg, state=types.SimpleNamespace(stage="rl", step=0),
+                                save=lambda wait: saves.append((run.state.step, wait)) or f"RL step {run.state.step}")
+    stages.rl(run, None, None, flag, {}, "")
+    assert flag.agreed and run.state.step < 10 and saves == [(run.state.step, True)], (run.state.step, saves)
+
+
+@pytest.mark.parametrize("stage,sft_steps,fresh", [("sft", 0, True), ("sft", 20, True), ("start", 0, False)])
+def test_rl_starts_with_a_fresh_optimizer_whenever_sft_left_its_state(monkeypatch, stage, sft_steps, fresh):
+    """A run stopped mid-SFT and resumed with sft.steps=0 (a key allowed to change on resume) holds SFT's optimizer
+    state: RL took it over (its moments, step count, SFT's hyperparameters) because the reset read the config, not
+    the state. A run that never had SFT keeps the RL state it was built with."""
+    import types
+
+    from jaxrl_llm.train import stages
+
+    monkeypatch.setattr(stages, "init_optimizer", lambda opt, params, mesh: ("fresh", opt))
+    cfg = types.SimpleNamespace(sft=types.SimpleNamespace(steps=sft_steps), algo=types.SimpleNamespace(kl_coef=0.0))
+    state = types.SimpleNamespace(stage=stage, params={}, opt_state="as restored or built")
+    run = types.SimpleNamespace(cfg=cfg, state=state, optimizer="rl", mesh=None)
+    stages.start_rl(run)
+    assert state.stage == "rl" and state.opt_state == (("fresh", "rl") if fresh else "as restored or built")

@@ -321,6 +321,49 @@ def test_eval_leaves_the_recorded_config_and_a_finished_run_says_so(toy_run, tmp
     Run(cfg, log=logs.append).train()
     assert any("is complete: 12 of train.steps=12 RL steps done; final policy in" in ln for ln in logs), logs
     assert final.stat().st_mtime_ns == stamp  # not exported again
+    # an export over it killed half-way (weights written, then the process dies: train.steps raised and the run
+    # continued) leaves the old final/ whole; before, its old config.json beside torn weights read as complete
+    from jaxrl_llm.train import report
+
+    def dies(model, folder, tok, dtype=None):
+        (Path(folder) / "model.safetensors").write_bytes(b"torn")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report, "export_policy", dies)
+    with pytest.raises(KeyboardInterrupt):
+        report.export_final(Run(cfg, log=logs.append), final.parent)
+    assert final.stat().st_mtime_ns == stamp and (final.parent / "config.json").is_file()
+    assert [p.name for p in final.parent.parent.iterdir() if p.name.startswith(".final")] == []
+
+
+@pytest.mark.slow
+def test_a_sigterm_while_the_run_closes_lets_its_last_save_and_export_finish(toy_run, tmp_path, monkeypatch):
+    """The signal handlers were gone once the RL loop ended, while the last (async) checkpoint could still be
+    committing and before the export: a SIGTERM then killed the process at once. Now the run finishes both and
+    says so. (A handler of the test's own stands for the default action, which would end pytest.)"""
+    import shutil
+
+    from jaxrl_llm.train import report
+
+    tmp, cfg, _, _ = toy_run
+    copy = tmp_path / "run"
+    shutil.copytree(cfg.train.out_dir, copy, ignore=shutil.ignore_patterns("run.lock"))
+    more = tiny_cfg(tmp, "train.steps=13", "train.export_final=true", f"train.out_dir={copy}")
+    export, killed = report.export_final, []
+
+    def signalled_export(run, final):
+        os.kill(os.getpid(), signal.SIGTERM)
+        export(run, final)
+
+    monkeypatch.setattr(report, "export_final", signalled_export)
+    outer = signal.signal(signal.SIGTERM, lambda *a: killed.append(a))
+    try:
+        logs = []
+        Run(more, log=logs.append).train()
+    finally:
+        signal.signal(signal.SIGTERM, outer)
+    assert killed == [] and any("signal (SIGTERM) arrived while the run closed" in ln for ln in logs), logs[-5:]
+    assert (copy / "final" / "config.json").is_file() and train_rows(copy).keys() == set(range(1, 14))
 
 
 @pytest.mark.slow
