@@ -94,13 +94,19 @@ def aligned(items: Sequence[RubricItem], verdict: Sequence[int]) -> list[int | N
     return out
 
 
+def retry_seed(prompts: Sequence[str], attempt: int) -> int:
+    """The sampling seed of a retry batch: a function of what is asked and the attempt, so each retry samples
+    anew and a resumed run asks with the seeds an uninterrupted one would (a counter over the run restarted at 0)."""
+    digest = hashlib.sha256(f"{attempt}\0".encode() + "\0".join(prompts).encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
 class Judge:
     def __init__(self, generate: Generate, max_retries: int = 1, retry_temperature: float = 0.7):
         self.generate = generate
         self.max_retries, self.retry_temperature = max_retries, retry_temperature
         self.parse_failures = 0
         self.too_long = 0  # requests whose prompt did not fit the judge's context, over the run
-        self.retry_seed = 0  # each retry batch samples with a seed of its own
         self.judged = self.passed = 0  # items, over the run
         self.pass_rate = float("nan")  # items met / items judged in the last call
 
@@ -116,9 +122,8 @@ class Judge:
             if attempt == 0:
                 texts = self.generate([prompts[i] for i in pending])
             else:
-                self.retry_seed += 1
-                texts = self.generate([prompts[i] for i in pending], temperature=self.retry_temperature,
-                                      seed=self.retry_seed)
+                asked = [prompts[i] for i in pending]
+                texts = self.generate(asked, temperature=self.retry_temperature, seed=retry_seed(asked, attempt))
             if len(texts) != len(pending):
                 raise ValueError(f"the judge's generate returned {len(texts)} texts for {len(pending)} prompts")
             unfit = {i for i, text in zip(pending, texts) if text is None}

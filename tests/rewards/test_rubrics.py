@@ -253,12 +253,18 @@ def test_judge_retries_only_malformed():
 
 
 def test_judge_retries_sample_with_a_new_seed_each_time():
-    """A greedy retry would repeat the unreadable answer word for word: retries sample, each with its own seed."""
+    """A greedy retry would repeat the unreadable answer word for word: retries sample, each with its own seed.
+    The seeds follow from what is asked (not from a counter over the run, which a resume restarted at 0): a
+    second Judge, as after a resume, asks the same request with the same seeds; another request, other seeds."""
     gen = StubGenerate("no list here")
     judge = Judge(gen, max_retries=2, retry_temperature=0.8)
     judge([("q", "r", judge_items(JUDGED))])
-    judge([("q", "r", judge_items(JUDGED))])
-    assert gen.settings == [(0.0, 0), (0.8, 1), (0.8, 2), (0.0, 0), (0.8, 3), (0.8, 4)]
+    (_, greedy), (t1, s1), (t2, s2) = gen.settings
+    assert (greedy, t1, t2) == (0.0, 0.8, 0.8) and len({s1, s2}) == 2
+    Judge(gen, max_retries=2, retry_temperature=0.8)([("q", "r", judge_items(JUDGED))])
+    assert gen.settings[3:] == gen.settings[:3]
+    judge([("q", "other", judge_items(JUDGED))])
+    assert not {s for _, s in gen.settings[7:]} & {s1, s2}
 
 
 def test_judge_pass_rate():
