@@ -24,6 +24,13 @@ def raises(prompt, completion, item):
     raise RuntimeError("broken reward")
 
 
+def raises_in_training(prompt, completion, item):
+    """Fails on tests/helpers.py tiny_cfg's training questions ("Question i"), never on its held-out ones."""
+    if item["question"].startswith("Question"):
+        raise RuntimeError("a training row")
+    return 0.0
+
+
 def not_finite(prompt, completion, item):
     return float("nan")
 

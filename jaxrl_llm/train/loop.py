@@ -61,6 +61,7 @@ class Run:
         data = build.encode_data(self.tok, cfg, raw)
         self.train_items, self.eval_items, self.sft_items = data.train_items, data.eval_items, data.sft_items
         self.dropped_prompts = data.dropped_prompts
+        self.pool, self.counts_base = None, {}  # the reward pool while training; the checkpoint's counts (resumed)
         self.data = prompt_batches(len(self.train_items), cfg.rollout.prompts_per_step, cfg.data.seed)
         self.explorers = Explorers(build_explorers(cfg))
         self.setup = build.explorer_setup(cfg, data, self.tok, self.mesh, self.policy.model_cfg.vocab_size)
@@ -117,15 +118,20 @@ class Run:
         return RewardPool(r.workers, r.timeout_s, scorers=scorers, memory_mb=r.memory_mb, file_mb=r.file_mb,
                           start_retries=r.start_retries, functions=r.functions)
 
-    def health(self, pool: RewardPool) -> dict:
-        """The step's counts of what went wrong so far: reward checks (over every host), dropped prompts, judge."""
+    def counts(self, pool: RewardPool) -> dict:
+        """The run's counts of what went wrong from its start: reward checks (over every host) and the judge's, on
+        from the checkpoint's (TrainState.counts) in a resumed run. A collective: every process calls it."""
         s = pool.stats
-        return {"reward_errors": hosts.sum_int(s.errors), "reward_timeouts": hosts.sum_int(s.timeouts),
-                "reward_memory": hosts.sum_int(s.memory), "reward_killed": hosts.sum_int(s.killed),
-                "dropped_prompts": self.dropped_prompts,
-                **({"judge_parse_failures": self.judge.parse_failures, "judge_too_long": self.judge.too_long,
-                    "judge_pass_rate": self.judge.pass_rate}
-                   if self.judge is not None else {})}
+        now = {"reward_errors": hosts.sum_int(s.errors), "reward_timeouts": hosts.sum_int(s.timeouts),
+               "reward_memory": hosts.sum_int(s.memory), "reward_killed": hosts.sum_int(s.killed),
+               **({"judge_parse_failures": self.judge.parse_failures, "judge_too_long": self.judge.too_long}
+                  if self.judge is not None else {})}
+        return {k: self.counts_base.get(k, 0) + v for k, v in now.items()}
+
+    def health(self, pool: RewardPool) -> dict:
+        """The step's counts of what went wrong so far (`counts`), dropped prompts, the judge's pass rate."""
+        return {**self.counts(pool), "dropped_prompts": self.dropped_prompts,
+                **({"judge_pass_rate": self.judge.pass_rate} if self.judge is not None else {})}
 
     def evaluate(self, pool: RewardPool) -> dict:
         return stages.held_out(self, pool)
@@ -150,10 +156,12 @@ class Run:
         maintenance = maintenance_url(cfg.train.maintenance_url, self.mesh.devices.flat[0].platform)
         watchdog = (cfg.train.watchdog_floor_s, cfg.train.watchdog_ceiling_s, cfg.train.watchdog_stale_s)
         with self.reward_pool() as pool, StopFlag(maintenance, self.log, watchdog) as stop:
+            self.pool = pool  # what a save reads its counts from
             last_eval, saved = stages.before_rl(self, writer, pool, stop)
             last_eval, saved = stages.rl(self, writer, pool, stop, last_eval, saved)
             if stop.sync() and self.state.stage != "rl":
                 saved = self.save(wait=True)
+            self.pool = None
         # the last checkpoint may still be committing (async) and the export is to come: a SIGTERM there would kill
         # the process at once, losing that checkpoint. The handlers stay on (no watchdog: other hosts may be gone)
         with StopFlag(log=self.log) as late:

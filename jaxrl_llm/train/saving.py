@@ -25,6 +25,8 @@ def save(run, wait: bool = False) -> str:
     """Checkpoint the train state; returns what was saved, in words."""
     st = run.state
     st.data = run.data.get_state()
+    if run.pool is not None:
+        st.counts = run.counts(run.pool)
     arrays, registry = st.split()
     registry["model_signature"], registry["config"] = run.policy.signature(), run.folder.record
     ckpt, step = (run.ckpt, st.step) if st.stage == "rl" else (run.sft_ckpt, st.sft_step)
@@ -50,6 +52,7 @@ def try_resume(run) -> bool:
     where, arrays, reg = found
     run.state = st = run.state.joined(arrays, reg)
     run.data.set_state(st.data)
+    run.counts_base = dict(st.counts)
     if st.seed != run.cfg.train.seed:  # the key root must stay that of the checkpointed run
         run.log(f"train.seed={run.cfg.train.seed} ignored: resuming the run seeded {st.seed}")
     run.root = st.root()

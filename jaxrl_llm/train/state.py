@@ -43,6 +43,9 @@ class TrainState:
     seed: int = 0  # the key root: every random key is fold_in(key(seed), phase, step)
     data: dict | None = None  # the prompt iterator's state
     metrics_rows: int = 0  # rows of metrics.jsonl written up to this state
+    # the run's counts of what went wrong up to this state (reward_errors, judge_parse_failures, ...: Run.counts);
+    # a resumed run counts on from them, so its rows equal an uninterrupted run's
+    counts: dict = dataclasses.field(default_factory=dict)
 
     @staticmethod
     def array_fields() -> tuple[str, ...]:

@@ -210,8 +210,12 @@ def _compare_runs(whole_dir, other_dir, steps, ref_params, params, *, stopped_by
                  jax.device_get(nnx.to_pure_dict(params)))
 
 
+# a reward function that fails on every training row (weight 0: the rewards are the built-in scorer's): the run's
+# reward_errors grow every step, and a resumed run must count on from its checkpoint's (it restarted at 0)
+_FAILING = json.dumps([{"name": f"{Path(__file__).resolve().parents[1] / 'reward_fns.py'}:raises_in_training",
+                        "weight": 0}])
 RESUME_EXTRAS = ("sft.steps=20", "sft.batch_size=16", "algo.kl_coef=0.05", "algo.minibatches=2",
-                 "algo.micro_batch=16", "train.async_checkpoint=true", "eval.every=3")
+                 "algo.micro_batch=16", "train.async_checkpoint=true", "eval.every=3", f"reward.functions={_FAILING}")
 
 
 @pytest.mark.slow
@@ -229,6 +233,7 @@ def test_resume_matches_an_uninterrupted_run(tmp_path):
     resumed = Run(tiny_cfg(tmp_path / "b", f"train.steps={steps}", *RESUME_EXTRAS), log=lambda *a: None)
     resumed.train()
     assert resumed.state.step == steps
+    assert train_rows(tmp_path / "b" / "run")[steps]["reward_errors"] == 64 * steps  # every training row's call
     _compare_runs(whole.train.out_dir, tmp_path / "b" / "run", steps, ref_params, resumed.state.params,
                   stopped_by_config=True)
 
