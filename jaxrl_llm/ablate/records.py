@@ -210,10 +210,12 @@ def arm_table(spec: Spec, runs: list[RunData]) -> list[dict]:
 
 
 def archive_run(spec: Spec, arm: str, seed: int) -> None:
-    """Copy a finished run's record into the archive (no-op without one, or when the run is not finished)."""
+    """Copy a finished run's record into the archive (no-op without one, or when the run is not finished). A record
+    another command trained is refused (SpecError) before anything is copied: the archived one stays."""
     src, dst = spec.run_dir(arm, seed), spec.archived(arm, seed)
     if dst is None or not (src / DONE).is_file():
         return
+    spec.check_record(src, arm, seed)
     final = outcomes.path(".", run_steps(src))  # relative: the final evaluation's per-problem outcomes
     names = ([str(final)] if (src / final).is_file() else []) + list(RECORD)
     for name in names:

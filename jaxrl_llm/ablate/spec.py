@@ -64,7 +64,7 @@ class Spec:
         it would mix two configurations in one arm's figures, and run again it would replace what it records."""
         for d in (self.run_dir(arm, seed), self.archived(arm, seed)):
             if d is not None and (d / DONE).is_file():
-                self._check_record(d, arm, seed)
+                self.check_record(d, arm, seed)
                 return d
         return None
 
@@ -73,7 +73,8 @@ class Spec:
         checks), and `facts` (steps, exit code, times)."""
         return json.dumps({"arm": arm, "seed": seed, **facts, "command": self.command(arm, seed)}, indent=1) + "\n"
 
-    def _check_record(self, d: Path, arm: str, seed: int) -> None:
+    def check_record(self, d: Path, arm: str, seed: int) -> None:
+        """Refuse (SpecError) the record in `d` unless the spec's command for (arm, seed) today trained it."""
         try:
             done = json.loads((d / DONE).read_text())
             recorded = done["command"]

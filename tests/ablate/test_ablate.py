@@ -492,6 +492,14 @@ def test_a_record_trained_by_another_command_than_the_spec_gives_is_refused(tmp_
             in err and "adds ['rollout.temperature=0.7'] and drops ['rollout.temperature=0.5']" in err, err
     assert launched == []
     assert cli.main(["ablate-ci", str(path), "--baseline", "a"]) == 2 and "arm 'b', seed 0" in capsys.readouterr().err
+    # a run folder holding another command's record (b's, copied into a's folder): --report-only refuses it before
+    # archiving anything (it copied the record over a's archived one first, then refused: the archive destroyed)
+    _write_spec(tmp_path, text)
+    shutil.copytree(kept / "runs" / "b" / "seed0", tmp_path / "out" / "a" / "seed0")
+    archived = {f: f.read_bytes() for f in (kept / "runs" / "a" / "seed0").rglob("*") if f.is_file()}
+    assert command.main([str(path), "--report-only"]) == 2 and "arm 'a', seed 0: the record" in capsys.readouterr().err
+    assert {f: f.read_bytes() for f in (kept / "runs" / "a" / "seed0").rglob("*") if f.is_file()} == archived
+    shutil.rmtree(tmp_path / "out")
     # a marker that is not the harness's (hand-made, truncated) is refused as well, not counted
     (kept / "runs" / "a" / "seed0" / spec_mod.DONE).write_text("{}\n")
     with pytest.raises(spec_mod.SpecError, match=r"arm 'a', seed 0: .*ablation_done.json is not a finished run's "
