@@ -61,6 +61,7 @@ class RunOutcomes:
     values: dict[str, np.ndarray]  # figure -> per-problem value [P]; the run's figure is its mean
     rollout_t: float
     budget: dict  # sampled_tokens, wall_s, cpu_s of the run (records.run_summary; cpu_s None in older records)
+    steps: int = 0  # the RL step of its final evaluation
 
 
 def problem_values(rows: list[dict], rollout_t: float, ks) -> tuple[tuple[tuple[str, str], ...], dict]:
@@ -230,7 +231,7 @@ def evaluate_run(spec: Spec, arm: str, seed: int, record: Path, log=print) -> Ru
                                f"{final.get('problems')}")
         check_figures({k: float(v.mean()) for k, v in values.items()}, final,
                       f"{arm} seed {seed}: {written} vs the run's own evaluation at step {steps}")
-        return RunOutcomes(arm, seed, problems, values, float(final["rollout_t"]), budget)
+        return RunOutcomes(arm, seed, problems, values, float(final["rollout_t"]), budget, steps)
     out = eval_dir(spec, arm, seed)
     summary_path = out / "summary.json"
     if not (summary_path.is_file() and json.loads(summary_path.read_text()).get("step") == steps):
@@ -251,7 +252,7 @@ def evaluate_run(spec: Spec, arm: str, seed: int, record: Path, log=print) -> Ru
     problems, values = problem_values(completions, summary["rollout_t"], summary.get("pass_k", ()))
     check_figures({k: float(v.mean()) for k, v in values.items()}, summary,
                   f"{arm} seed {seed}: {out / 'completions.jsonl'} vs its summary.json", tol=1e-9)
-    return RunOutcomes(arm, seed, problems, values, float(summary["rollout_t"]), budget)
+    return RunOutcomes(arm, seed, problems, values, float(summary["rollout_t"]), budget, steps)
 
 
 NAMES = {"greedy_accuracy": "greedy", "sampled_accuracy": "sampled", "never_solved_share": "never solved",
@@ -370,6 +371,15 @@ def parse_pairs(text: str | None, baseline: str, spec: Spec) -> list[tuple[str, 
     return pairs
 
 
+def unequal_steps(a: str, b: str, steps_a, steps_b) -> tuple | None:
+    """A `missing` entry for a pair whose runs end at different RL steps (an interval between them would
+    measure training length, not the arm), else None."""
+    if len(set(steps_a) | set(steps_b)) <= 1:
+        return None
+    return (a, "all", f"{a} vs {b} left out: the runs end at different steps ({a}: {sorted(set(steps_a))}, "
+                      f"{b}: {sorted(set(steps_b))})")
+
+
 def read_finished(spec: Spec, pairs, read) -> tuple[dict[str, list], list]:
     """{arm: [read(arm, seed, record) for each finished seed]} over the arms of `pairs`, and the unfinished runs
     as (arm, seed, why)."""
@@ -394,6 +404,10 @@ def run(spec: Spec, pairs, resamples: int, seed: int, by_difficulty: bool, comma
     for a, b in pairs:
         if not outcomes[a] or not outcomes[b]:
             missing.append((a if not outcomes[a] else b, "all", f"no finished run: {a} vs {b} left out"))
+            continue
+        unequal = unequal_steps(a, b, [o.steps for o in outcomes[a]], [o.steps for o in outcomes[b]])
+        if unequal:
+            missing.append(unequal)
             continue
         if by_difficulty and b not in groups:
             first = outcomes[b][0]

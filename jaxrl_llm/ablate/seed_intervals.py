@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxrl_llm.ablate.intervals import LEVEL, _signed, _stat, budget_sentence, figure_label, read_finished
+from jaxrl_llm.ablate.intervals import (LEVEL, _signed, _stat, budget_sentence, figure_label, read_finished,
+                                        unequal_steps)
 from jaxrl_llm.ablate.records import (BUDGET_KEYS, EVAL_COLUMNS, REWARD_COLUMNS, aggregate, by_step, load_rows,
                                       run_steps, run_summary)
 from jaxrl_llm.ablate.spec import Spec, SpecError
@@ -36,7 +37,7 @@ def final_row(spec: Spec, arm: str, seed: int, record: Path) -> dict:
     if final is None:
         raise SpecError(f"{arm} seed {seed}: {record / 'metrics.jsonl'} has no eval row at its final step {steps}")
     summary = run_summary(rows, steps)["final"]
-    return {**final, "_budget": {k: summary.get(k) for k in BUDGET_KEYS}}
+    return {**final, "_budget": {k: summary.get(k) for k in BUDGET_KEYS}, "_steps": steps}
 
 
 def welch_interval(a, b, level: float = LEVEL) -> dict:
@@ -105,6 +106,10 @@ def run(spec: Spec, pairs, command_line: str) -> tuple[str, Path]:
     for a, b in pairs:
         if not rows[a] or not rows[b]:
             missing.append((a if not rows[a] else b, "all", f"no finished run: {a} vs {b} left out"))
+            continue
+        unequal = unequal_steps(a, b, [r["_steps"] for r in rows[a]], [r["_steps"] for r in rows[b]])
+        if unequal:
+            missing.append(unequal)
             continue
         done += 1
         temps = sorted({r.get("rollout_t", 1.0) for r in rows[a] + rows[b]})

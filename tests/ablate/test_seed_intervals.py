@@ -4,6 +4,7 @@ hand-built records."""
 
 import json
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -54,15 +55,15 @@ def test_welch_interval_covers_the_true_difference_95_percent_of_the_time():
     assert 0.94 <= hits / 4000 <= 0.975
 
 
-def _record(d, arm, seed, greedy, reward, tokens, rollout_t=0.7, final=True):
+def _record(d, arm, seed, greedy, reward, tokens, rollout_t=0.7, final=True, steps=2):
     run = d / "out" / arm / f"seed{seed}"
     run.mkdir(parents=True)
-    (run / "config.yaml").write_text("train: {steps: 2}\n")
+    (run / "config.yaml").write_text(f"train: {{steps: {steps}}}\n")
     ev = {"greedy_accuracy": greedy, "sampled_accuracy": greedy / 2, "sampled_reward_mean": reward,
           "rollout_t": rollout_t, "rollout_t_sampled_accuracy": greedy / 3}
     rows = [{"step": 0, "kind": "eval", **ev},
             {"step": 1, "kind": "train", "sampled_tokens": tokens, "time_step_s": 2.0},
-            {"step": 2 if final else 1, "kind": "eval", **ev}]
+            {"step": steps if final else 1, "kind": "eval", **ev}]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (run / "ablation_done.json").write_text(done_marker(d / "spec.yaml", arm, seed))
 
@@ -91,6 +92,13 @@ def test_seeds_only_end_to_end_from_the_records_rows(tmp_path, capsys):
     assert "sampled tokens 400 vs 200, wall s 2.0 vs 2.0." in text
     assert "| greedy | 0.300 | 0.150 ± 0.050 | +0.150 | n/a | n/a | n/a | n/a |" in text  # n: one seed
     assert "- n seed 1: not finished" in text and "- n seed 2: not finished" in text
+    # a run that ends at another step than the baseline's: its pair is left out, saying why, not compared
+    shutil.rmtree(tmp_path / "out" / "n" / "seed0")
+    _record(tmp_path, "n", 0, 0.3, 0.6, 10, steps=3)
+    assert cli.main(["ablate-ci", str(tmp_path / "spec.yaml"), "--seeds-only"]) == 0
+    text = capsys.readouterr().out
+    assert "## n vs grpo" not in text and "## m vs grpo" in text
+    assert "n vs grpo left out: the runs end at different steps (n: [3], grpo: [2])" in text
 
     # without --seeds-only: no per-problem outcomes, no checkpoint to evaluate; the error points here
     assert cli.main(["ablate-ci", str(tmp_path / "spec.yaml"), "--resamples", "1000"]) == 2
