@@ -237,9 +237,14 @@ def _rope(hf: dict[str, Any], max_pos: int, source: str) -> tuple[float, tuple |
         raise UnsupportedModelError(f"{source}: {key}: {e}") from None
 
 
+TRANSFORMERS_DEFAULT_WINDOW = 4096  # MistralConfig / Qwen2Config / Qwen3Config's sliding_window default
+
+
 def _sliding_window(hf: dict[str, Any], model_type: str, num_layers: int, source: str):
-    """(sliding_window, sliding_layers) as transformers 5 decides them for the architecture."""
-    window = hf.get("sliding_window")
+    """(sliding_window, sliding_layers) as transformers 5 decides them for the architecture. A config.json without
+    the key gets the config class's default (4096 for Mistral, Qwen2 and Qwen3), as transformers gives it; an
+    explicit null means no window."""
+    window = hf.get("sliding_window", TRANSFORMERS_DEFAULT_WINDOW)
     if model_type == "mistral":  # every layer (MistralModel ignores layer_types)
         return (int(window) if window else None), None
     if model_type == "llama" or not hf.get("use_sliding_window") or not window:

@@ -119,6 +119,22 @@ def test_qwen_sliding_window_per_layer(model_type):
                                   "layer_types": ["chunked_attention"] + ["full_attention"] * 3})
 
 
+@pytest.mark.parametrize("model_type,extra", [("mistral", {}), ("qwen2", {"use_sliding_window": True}),
+                                              ("qwen3", {"use_sliding_window": True}),
+                                              ("mistral", {"sliding_window": None}), ("qwen2", {})])
+def test_a_config_without_sliding_window_gets_transformers_default(model_type, extra):
+    """A hand-made or trimmed config.json that leaves `sliding_window` out: transformers' config class fills its
+    default (4096), so the model slides past 4,096 tokens; it loaded here without a window (another model)."""
+    transformers = pytest.importorskip("transformers")
+    hf = {**LLAMA, "model_type": model_type, "max_window_layers": 0, **extra}
+    theirs = transformers.AutoConfig.for_model(**hf)
+    ours = ModelConfig.from_hf_dict(hf)
+    sliding = [i for i in range(2) if (getattr(theirs, "layer_types", None) or ["sliding_attention"] * 2)[i]
+               == "sliding_attention"] if getattr(theirs, "sliding_window", None) else []
+    assert [ours.layer_window(i) for i in range(2)] == [theirs.sliding_window if i in sliding else None
+                                                      for i in range(2)], (theirs.sliding_window, sliding)
+
+
 def test_mistral_window_stays_on_every_layer_and_ignored_keys_warn():
     hf = {**LLAMA, "model_type": "mistral", "sliding_window": 6, "layer_types": ["full_attention", "sliding_attention"]}
     with pytest.warns(UserWarning, match=r"ignoring layer_types, which transformers' MistralForCausalLM"):
