@@ -190,11 +190,19 @@ def load_items(cfg: DataSection, split: str) -> list[TaskItem]:
     return rows_to_items(read_rows(path, cfg.source), cfg, path) if path else []
 
 
-def load_splits(cfg: DataSection) -> tuple[list[TaskItem], list[TaskItem]]:
-    """(train, held-out) items; held-out items never repeat a training (or separate SFT) question."""
+def load_splits_counted(cfg: DataSection) -> tuple[list[TaskItem], list[TaskItem], int]:
+    """(train, held-out items, how many held-out items were left out): held-out items never repeat a training
+    (or separate SFT) question."""
     train = load_items(cfg, "train")
     seen = {it.question for it in train} | {it.question for it in load_items(cfg, "sft")}
-    return train, [it for it in load_items(cfg, "eval") if it.question not in seen]
+    held = load_items(cfg, "eval")
+    kept = [it for it in held if it.question not in seen]
+    return train, kept, len(held) - len(kept)
+
+
+def load_splits(cfg: DataSection) -> tuple[list[TaskItem], list[TaskItem]]:
+    """(train, held-out) items; held-out items never repeat a training (or separate SFT) question."""
+    return load_splits_counted(cfg)[:2]
 
 
 def load_sft_items(cfg: DataSection) -> list[TaskItem]:

@@ -12,7 +12,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxrl_llm.config import Config
-from jaxrl_llm.data.tasks import load_sft_items, load_splits
+from jaxrl_llm.data.tasks import load_sft_items, load_splits_counted
 from jaxrl_llm.explore.base import Setup
 from jaxrl_llm.model.tokenizer import pad_id, stop_ids
 from jaxrl_llm.parallel import hosts
@@ -34,11 +34,18 @@ class RawData:
     train: list
     eval: list
     sft: list
+    repeated: int = 0  # held-out items left out for repeating a training question
 
 
-def load_data(cfg: Config) -> RawData:
-    train, held_out = load_splits(cfg.data)
-    return RawData(train, held_out, load_sft_items(cfg.data) if cfg.sft.steps > 0 else [])
+def load_data(cfg: Config, log=print) -> RawData:
+    train, held_out, repeated = load_splits_counted(cfg.data)
+    if repeated and not held_out:
+        raise ValueError(f"every one of the {repeated} held-out items repeats a training question, so none is left "
+                         f"to evaluate on (is data.eval_path the training file, data.path?)")
+    if repeated:
+        log(f"{repeated} held-out items repeat a training question: left out of the evaluation "
+            f"({len(held_out)} kept)")
+    return RawData(train, held_out, load_sft_items(cfg.data) if cfg.sft.steps > 0 else [], repeated)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,12 +58,13 @@ class RunData:
     sft_items: list  # SFT's own items, or the training items when the config has none
     dropped_prompts: int
     longest: int  # tokens of the longest prompt, training or held-out (all of them, not only eval.size)
+    truncated_prompts: int = 0  # prompts cut to data.max_prompt_len (data.overlong=truncate)
 
 
 def encode_data(tok, cfg: Config, raw: RawData) -> RunData:
-    train, dropped = encode_items(tok, cfg, raw.train)
-    held_out, eval_dropped = encode_items(tok, cfg, raw.eval)
-    sft, sft_dropped = encode_items(tok, cfg, raw.sft) if cfg.sft.steps > 0 else ([], 0)
+    train, dropped, cut = encode_items(tok, cfg, raw.train)
+    held_out, eval_dropped, eval_cut = encode_items(tok, cfg, raw.eval)
+    sft, sft_dropped, sft_cut = encode_items(tok, cfg, raw.sft) if cfg.sft.steps > 0 else ([], 0, 0)
     if not train:
         raise ValueError("no training prompts left (all dropped as longer than data.max_prompt_len?)")
     judged = [it.uid for it, _ in train + held_out if it.rubric and judge_items(rubric_items(it.rubric))]
@@ -65,7 +73,7 @@ def encode_data(tok, cfg: Config, raw: RawData) -> RunData:
                          f"reward.judge=policy (or a local model folder) to have them judged, or remove those "
                          f"items")
     return RunData(train, held_out[:cfg.eval.size], sft or train, dropped + eval_dropped + sft_dropped,
-                   max(len(ids) for _, ids in train + held_out))
+                   max(len(ids) for _, ids in train + held_out), cut + eval_cut + sft_cut)
 
 
 def explorer_setup(cfg: Config, data: RunData, tok, mesh, vocab_size: int) -> Setup:

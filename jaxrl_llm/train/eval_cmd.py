@@ -58,7 +58,7 @@ def problems(cfg: Config, tok) -> list:
     """(item, prompt ids) pairs the run's evaluation scores: eval.split's first eval.size (overlong prompts
     dropped or cut as data.overlong says)."""
     train, held = load_splits(cfg.data)
-    items, _ = encode_items(tok, cfg, held if cfg.eval.split == "heldout" else train)
+    items = encode_items(tok, cfg, held if cfg.eval.split == "heldout" else train)[0]
     return items[:cfg.eval.size]
 
 

@@ -54,13 +54,16 @@ class Run:
     def _build(self, cfg: Config) -> None:
         self.stopped = False  # train() was stopped by a signal or a maintenance event (it saved first)
         self.out_dir = Path(cfg.train.out_dir)
-        raw = build.load_data(cfg)  # before the model: a data error comes first
+        raw = build.load_data(cfg, self.log)  # before the model: a data error comes first
         self.mesh = make_mesh({"data": cfg.mesh.data, "fsdp": cfg.mesh.fsdp, "tensor": cfg.mesh.tensor})
         self.policy, params = build_policy(cfg, self.mesh, self.folder.policy_dir())
         self.tok = self.policy.tokenizer
         data = build.encode_data(self.tok, cfg, raw)
         self.train_items, self.eval_items, self.sft_items = data.train_items, data.eval_items, data.sft_items
-        self.dropped_prompts = data.dropped_prompts
+        self.dropped_prompts, self.truncated_prompts = data.dropped_prompts, data.truncated_prompts
+        if data.truncated_prompts:
+            self.log(f"{data.truncated_prompts} prompts longer than data.max_prompt_len={cfg.data.max_prompt_len} "
+                     f"keep only their last tokens (data.overlong=truncate); metric truncated_prompts")
         self.pool, self.counts_base = None, {}  # the reward pool while training; the checkpoint's counts (resumed)
         self.data = prompt_batches(len(self.train_items), cfg.rollout.prompts_per_step, cfg.data.seed)
         self.explorers = Explorers(build_explorers(cfg))
@@ -131,6 +134,7 @@ class Run:
     def health(self, pool: RewardPool) -> dict:
         """The step's counts of what went wrong so far (`counts`), dropped prompts, the judge's pass rate."""
         return {**self.counts(pool), "dropped_prompts": self.dropped_prompts,
+                "truncated_prompts": self.truncated_prompts,
                 **({"judge_pass_rate": self.judge.pass_rate} if self.judge is not None else {})}
 
     def evaluate(self, pool: RewardPool) -> dict:

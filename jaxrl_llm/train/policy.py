@@ -97,17 +97,18 @@ def encode_text(tok, cfg: Config, content: str) -> list[int]:
     return tok(text, add_special_tokens=False)["input_ids"]
 
 
-def encode_items(tok, cfg: Config, items: list[TaskItem]) -> tuple[list[tuple[TaskItem, list[int]]], int]:
-    """(item, prompt ids) pairs and the number of prompts dropped for exceeding data.max_prompt_len.
+def encode_items(tok, cfg: Config, items: list[TaskItem]) -> tuple[list[tuple[TaskItem, list[int]]], int, int]:
+    """(item, prompt ids) pairs, and the numbers of prompts longer than data.max_prompt_len dropped and cut.
     With data.overlong=truncate, long prompts keep their last max_prompt_len tokens (the question's end
-    and the assistant header) instead."""
-    out, dropped = [], 0
+    and the assistant header) instead: counted, since their start (a system prompt, the question's opening) is
+    gone."""
+    out, dropped, truncated = [], 0, 0
     for item in items:
         ids = encode_prompt(tok, cfg, item)
         if len(ids) > cfg.data.max_prompt_len:
             if cfg.data.overlong == "drop":
                 dropped += 1
                 continue
-            ids = ids[-cfg.data.max_prompt_len:]
+            ids, truncated = ids[-cfg.data.max_prompt_len:], truncated + 1
         out.append((item, ids))
-    return out, dropped
+    return out, dropped, truncated

@@ -393,11 +393,11 @@ def test_overlong_prompts_are_dropped_or_truncated(tmp_path, mode):
     from jaxrl_llm.model.char_tokenizer import char_tokenizer
     from jaxrl_llm.data.types import TaskItem
     items = [TaskItem("a", "short?", "1", "exact"), TaskItem("b", "x" * 100, "1", "exact")]
-    kept, dropped = encode_items(char_tokenizer(), cfg, items)
+    kept, dropped, cut = encode_items(char_tokenizer(), cfg, items)
     if mode == "drop":
-        assert dropped == 1 and [it.uid for it, _ in kept] == ["a"]
+        assert (dropped, cut) == (1, 0) and [it.uid for it, _ in kept] == ["a"]
     else:
-        assert dropped == 0 and len(kept[1][1]) == 60
+        assert (dropped, cut) == (0, 1) and len(kept[1][1]) == 60
 
 
 def test_held_out_items_never_repeat_a_training_question():
@@ -406,6 +406,25 @@ def test_held_out_items_never_repeat_a_training_question():
     train, held = load_splits(cfg.data)
     assert len(train) == cfg.data.train_size and 0 < len(held) <= cfg.data.eval_size
     assert not {it.question for it in train} & {it.question for it in held}
+
+
+def test_held_out_items_left_out_for_repeating_training_are_counted_and_none_left_is_an_error(tmp_path):
+    """Held-out items that repeat a training question were dropped without a word; with data.eval_path the
+    training file itself, none was left and the run trained with no evaluation at all."""
+    from jaxrl_llm.train.build import load_data
+
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"question": f"q{i}", "answer": "1"}) + "\n" for i in range(6)))
+    held = tmp_path / "h.jsonl"
+    held.write_text("".join(json.dumps({"question": f"q{i}", "answer": "1"}) + "\n" for i in range(4, 9)))
+    logs = []
+    raw = load_data(load_config(None, ["data.source=jsonl", f"data.path={data}", f"data.eval_path={held}"]),
+                    logs.append)
+    assert [it.question for it in raw.eval] == ["q6", "q7", "q8"] and raw.repeated == 2
+    assert logs == ["2 held-out items repeat a training question: left out of the evaluation (3 kept)"]
+    with pytest.raises(ValueError, match=r"every one of the 6 held-out items repeats a training question.*"
+                                         r"data.eval_path the training file"):
+        load_data(load_config(None, ["data.source=jsonl", f"data.path={data}", f"data.eval_path={data}"]))
 
 
 def test_parquet_source_reads_the_documented_schema(tmp_path):
