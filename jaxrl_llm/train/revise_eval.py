@@ -98,15 +98,16 @@ class RevisePrompts:
 
     def context_floor(self, max_new: int, max_cache_len: int) -> int:
         """The context bucket of every revise call: the longest revise prompt (every item listed, empty draft)
-        plus a draft of `max_new` tokens. Refused, naming the item, when that leaves no room to answer in the
-        model's `max_cache_len` positions."""
+        plus a draft of `max_new` tokens. Refused, naming the item, when that leaves a revision less than the
+        first answers' `max_new` tokens in the model's `max_cache_len` positions (the sampler would cut it short,
+        and the rounds' figures would compare answers of unequal budgets)."""
         lengths = [(len(self.ids(i, np.zeros(len(r), bool), "")), i) for i, r in enumerate(self.rubrics) if r]
         longest, item = max(lengths, default=(0, -1))
-        if item >= 0 and longest + max_new + 1 > max_cache_len:
+        if item >= 0 and longest + 2 * max_new > max_cache_len:
             raise ValueError(f"eval.revise_rounds: the revise prompt of item {self.uids[item]} is {longest} tokens "
-                             f"before its draft of up to {max_new}, which leaves no room to answer in the model's "
-                             f"{max_cache_len} positions; shorten explore.herl.revise_template or eval.max_new_tokens, "
-                             f"or set eval.revise_rounds=0")
+                             f"before its draft of up to {max_new}, which leaves less than the {max_new} tokens of a "
+                             f"first answer to revise in the model's {max_cache_len} positions; shorten "
+                             f"explore.herl.revise_template or eval.max_new_tokens, or set eval.revise_rounds=0")
         return bucket(longest + max_new, 16)
 
 

@@ -128,6 +128,10 @@ def test_revise_prompts_are_herls():
     with pytest.raises(ValueError, match=r"eval.revise_rounds: the revise prompt of item r[02] is \d+ tokens .* 300 "
                                          r"positions"):
         prompts.context_floor(40, 300)
+    # a revision gets the first answers' 40 tokens or the rounds are refused (the sampler cut it short before)
+    assert prompts.context_floor(40, longest + 80) == prompts.context_floor(40, 10_000)
+    with pytest.raises(ValueError, match=r"leaves less than the 40 tokens of a first answer to revise"):
+        prompts.context_floor(40, longest + 79)
 
 
 def test_config_refuses_bad_rounds_and_templates():
