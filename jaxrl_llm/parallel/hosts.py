@@ -5,8 +5,8 @@ How a step runs on H processes (parallel/distributed.py starts them):
     - every process draws the same global prompt batch (a few integers) and makes the same row plan, so
       explorer decisions (E3 budgets, RRL slots, HeRL candidates) and explorer state are identical on every
       host without being sent anywhere;
-    - device programs (sampling, update, replay-array ops) take global arrays: `put` feeds each process's
-      rows (the block of the global value its own devices hold) with jax.make_array_from_process_local_data;
+    - device programs (sampling, update, replay-array ops) take global arrays: `put` fills each process's
+      own devices' shards from the global value (jax.make_array_from_callback; any device order);
     - each process scores only its share of the rows (`share`) in its own reward pool, and the rewards
       are gathered (`gather_rows`), so every host holds the step's full rollouts;
     - values coming back from devices: `to_host` gathers a row-sharded array's shards from every process;
@@ -117,16 +117,13 @@ def to_host(x) -> np.ndarray:
 
 def put(x, sharding):
     """`jax.device_put(x, sharding)` of a host value every process holds in full. On a multi-host mesh each
-    process feeds only its own block of rows, jax.make_array_from_process_local_data(sharding, block):
-    the block is the hull of what its devices hold, contiguous because jax.make_mesh keeps each process's
-    devices together along the mesh's outer axes."""
+    process fills its own devices' shards, each with its index into x (jax.make_array_from_callback): a
+    process's rows need not be one block (a TPU slice's mesh follows the torus, so one host's chips hold rows
+    0, 4, 16 and 20 of 32; feeding the hull of its rows was refused there)."""
     if count() == 1 or sharding.is_fully_addressable:
         return jax.device_put(x, sharding)
     x = np.asarray(x)
-    held = sharding.addressable_devices_indices_map(x.shape).values()
-    block = tuple(slice(min(ix[d].indices(n)[0] for ix in held), max(ix[d].indices(n)[1] for ix in held))
-                  for d, n in enumerate(x.shape))
-    return jax.make_array_from_process_local_data(sharding, x[block], x.shape)
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
 
 
 def put_tree(tree, shardings):

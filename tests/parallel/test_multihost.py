@@ -69,13 +69,17 @@ for n in (0, 1, 5, 8):
 assert hosts.sum_int(i + 1) == 3 and hosts.max_int(7 * i) == 7
 assert hosts.any_process(i == 1) and not hosts.any_process(False)
 # put: each process feeds its rows; the global array holds the global value, row-sharded and replicated
-mesh = make_mesh({"data": 8})
+# also on a mesh whose processes' devices interleave (a TPU slice's torus order puts one host's chips at rows
+# 0, 4, 16, 20 of 32): each process's rows are not one block there
+devices = sorted(jax.devices(), key=lambda d: d.id)
+interleaved = jax.sharding.Mesh(np.array([devices[k] for k in (0, 4, 1, 5, 2, 6, 3, 7)]), ("data",))
 x = np.arange(8 * 3, dtype=np.float32).reshape(8, 3)
-for spec in (P("data"), P()):
-    a = hosts.put(x, NamedSharding(mesh, spec))
-    assert a.shape == x.shape and not a.is_fully_addressable
-    assert (hosts.to_host(a) == x).all() and (hosts.to_host(a * 2) == 2 * x).all()
-    assert all((np.asarray(sh.data) == x[sh.index]).all() for sh in a.addressable_shards)
+for mesh in (make_mesh({"data": 8}), interleaved):
+    for spec in (P("data"), P()):
+        a = hosts.put(x, NamedSharding(mesh, spec))
+        assert a.shape == x.shape and not a.is_fully_addressable
+        assert (hosts.to_host(a) == x).all() and (hosts.to_host(a * 2) == 2 * x).all()
+        assert all((np.asarray(sh.data) == x[sh.index]).all() for sh in a.addressable_shards)
 hosts.check_same(hosts.digest(np.arange(3), [1, 2]), "a plan both hosts share")
 try:
     hosts.check_same(hosts.digest(np.arange(3) + (i if sys.argv[1] == "differ" else 0)), "the test plan")
