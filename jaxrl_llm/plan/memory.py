@@ -137,6 +137,9 @@ def _axis_share(mesh, rule_axes, size: int) -> int:
     return ways if ways and size % ways == 0 else 1
 
 
+JUDGE_ALLOWANCE = 256  # tokens of a judge prompt beyond the question and response (instructions, criteria)
+
+
 def kv_cache_bytes(cfg, model_cfg, mesh, prefill: int | None = None, calls=()) -> int:
     """The sampler's KV cache for a step's rows at their largest, per device: [rows, kv heads, slots, head dim]
     keys and values in every layer, in the sampling dtype; rows over the batch axes, kv heads over the tensor
@@ -144,8 +147,11 @@ def kv_cache_bytes(cfg, model_cfg, mesh, prefill: int | None = None, calls=()) -
     where decode's cache grows through levels (sampling/sampler.py decode_levels) the cache of one level and the
     next are both held while it is copied: the larger of those moments counts.
     `prefill`: the context bucket (default: that of data.max_prompt_len). `calls`: (rows, context length) of
-    explorers' own sampler calls (HeRL's revisions: every row its own context); the largest call counts. With
-    rollout.decode_slots, a call's cache holds that many rows (a bucket) whatever its rows."""
+    explorers' own sampler calls (HeRL's revisions: every row its own context); the largest call counts. The
+    held-out evaluation's calls count too (a step's rows at eval.max_new_tokens, every row its own prompt in the
+    greedy pass), and with reward.judge=policy the judge's (a step's rows, each prompt the response after its
+    instructions: JUDGE_ALLOWANCE tokens for those, an estimate). With rollout.decode_slots, a call's cache holds
+    that many rows (a bucket) whatever its rows."""
     import numpy as np
 
     from jaxrl_llm.parallel.rules import DEFAULT_RULES
@@ -172,8 +178,14 @@ def kv_cache_bytes(cfg, model_cfg, mesh, prefill: int | None = None, calls=()) -
         return per_slot * max(moments) // _axis_share(mesh, DEFAULT_RULES["batch"], rows)
 
     sizes = [held(rows, contexts, prefill, slots)]
-    for n, context in calls:  # with a floor on rows the sampler prefills one context a row
-        rows, prefill, slots = sampler.shapes(n, context, max_new)
+    step_rows, prompt = rows_per_step(cfg), prefill or cfg.data.max_prompt_len
+    own = [(step_rows, prompt, cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens)]
+    if cfg.reward.judge == "policy":  # a longer judge prompt is not sent (rewards/judge.py)
+        own.append((step_rows, min(prompt + max_new + JUDGE_ALLOWANCE, sampler.max_cache_len - 1),
+                    cfg.reward.judge_max_new_tokens))
+    for n, context, *new in [*calls, *own]:  # with a floor on rows the sampler prefills one context a row
+        call_new = min(new[0], sampler.max_cache_len - 1) if new else max_new
+        rows, prefill, slots = sampler.shapes(n, context, call_new)
         sizes.append(held(rows, rows, prefill, slots))
     return max(sizes)
 

@@ -14,7 +14,7 @@ import pytest
 
 from jaxrl_llm.config import load_config
 from tests.helpers import FAST_COMPILE
-from jaxrl_llm.plan.memory import MemoryPlanError, check, format_size, kv_cache_bytes, plan
+from jaxrl_llm.plan.memory import JUDGE_ALLOWANCE, MemoryPlanError, check, format_size, kv_cache_bytes, plan
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRATCH = ("model.scratch={hidden_size: 256, intermediate_size: 1024, num_layers: 2, num_heads: 4, num_kv_heads: 2, "
@@ -116,8 +116,22 @@ def test_kv_cache_is_the_samplers_cache_by_brute_force():
     rows, prefill, slots = sampler.shapes(64, 64, 64)
     full = jax.eval_shape(lambda: KVCache.zeros(mc, rows, slots))
     contexts = jax.eval_shape(lambda: KVCache.zeros(mc, 4, prefill))
-    total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves((full, contexts)))
-    assert kv_cache_bytes(cfg, mc, mesh) == total // 8
+    step = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves((full, contexts)))
+    # the held-out evaluation's greedy pass: the step's rows, each its own prompt, prefilled once more (the plan
+    # left the evaluation out)
+    greedy = jax.eval_shape(lambda: (KVCache.zeros(mc, rows, slots), KVCache.zeros(mc, rows, prefill)))
+    total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(greedy))
+    assert total > step and kv_cache_bytes(cfg, mc, mesh) == total // 8
+    # eval.max_new_tokens past the rollouts': the evaluation's cache at its own length
+    rows_e, prefill_e, slots_e = sampler.shapes(64, 64, 200)
+    longer = jax.eval_shape(lambda: (KVCache.zeros(mc, rows_e, slots_e), KVCache.zeros(mc, rows_e, prefill_e)))
+    assert kv_cache_bytes(load_config(None, BASE + ["mesh.data=8", "eval.max_new_tokens=200"]), mc, mesh) == \
+        sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(longer)) // 8
+    # the policy as judge: its prompts hold the response after the judge's instructions (JUDGE_ALLOWANCE)
+    judged = load_config(None, BASE + ["mesh.data=8", "reward.judge=policy", "reward.judge_max_new_tokens=24"])
+    rows_j, prefill_j, slots_j = sampler.shapes(64, min(64 + 64 + JUDGE_ALLOWANCE, 255), 24)
+    judge = jax.eval_shape(lambda: (KVCache.zeros(mc, rows_j, slots_j), KVCache.zeros(mc, rows_j, prefill_j)))
+    assert kv_cache_bytes(judged, mc, mesh) == sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(judge)) // 8
     # an explorer's own call (HeRL's revisions: 16 rows at a 300-token context, each its own) larger than the
     # step's: the cache is that call's, by the same brute force; a smaller one changes nothing
     rows, prefill, slots = sampler.shapes(16, 300, 64)
