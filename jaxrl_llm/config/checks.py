@@ -91,10 +91,16 @@ def validate(cfg: Config, source: str) -> None:
              f"(a group needs two rows for an advantage)")
         need(r.replay_ratio * rows // r.continuations <= r.capacity,
              "explore.rrl.capacity is smaller than the states one step replays")
+        need(int(r.replay_ratio * rows) // r.continuations >= 1,
+             f"explore.rrl: replay_ratio x rows per step ({r.replay_ratio} x {rows}) is below continuations "
+             f"({r.continuations}): no state could ever be replayed")
         need(r.warmup_steps >= 0 and r.max_age >= 0 and r.min_visits >= 1 and r.c_ucb >= 0
              and r.priority_temperature >= 0 and r.age_penalty >= 0 and r.backtrack_margin >= 0,
              "explore.rrl: warmup_steps, max_age, c_ucb, priority_temperature, age_penalty and backtrack_margin "
              "must be >= 0, min_visits >= 1")
+    sizes = {f"mesh.{a}": getattr(cfg.mesh, a) for a in ("data", "fsdp", "tensor")}
+    need(all(v == -1 or v >= 1 for v in sizes.values()) and list(sizes.values()).count(-1) <= 1,
+         f"mesh sizes {sizes}: each must be >= 1, or -1 (the devices left) for at most one axis")
     need(cfg.train.device_memory_gib >= 0, f"train.device_memory_gib={cfg.train.device_memory_gib} must be >= 0 "
          "(0: what the devices report)")
     t = cfg.train
