@@ -147,7 +147,8 @@ case "$cmd" in *pkill*) exit 0 ;; esac  # never on this machine: it would end ev
 if [ -f "$FAKE_HOSTS/$host.fail_start" ] && [[ "$cmd" == *nohup* || "$cmd" == *"remote_run.sh start"* ]]; then
   exit 255
 fi
-mkdir -p "$FAKE_HOSTS/$host" && cd "$FAKE_HOSTS/$host" && HOME="$FAKE_HOSTS/$host" exec bash -c "$cmd"
+mkdir -p "$FAKE_HOSTS/$host" && cd "$FAKE_HOSTS/$host" || exit 1
+HOME="$FAKE_HOSTS/$host" JAXRL_HOST_ID="$host" exec bash -c "$cmd"
 """
 _FAKE_SCP = r"""#!/usr/bin/env bash
 host=${2%%:*}; path=${2#*:}; path=${path#\~/}
@@ -225,6 +226,27 @@ def _end(proc, timeout) -> tuple[int, str, str]:
     return proc.returncode, out, err
 
 
+def test_hosts_sharing_a_home_keep_their_runs_apart(tmp_path):
+    """GPU nodes with one NFS home: each host's agent kept train.log, exit_code and the process ids in the same
+    files, so the second start deleted the first's and a stop reached only the last trainer. Each host keeps its
+    own (.run/HOST/): SIGTERM stops both trainers, both statuses are written, the launch exits 75."""
+    proj, hosts, env = _project(tmp_path)
+    (hosts / "g0").mkdir()
+    (hosts / "g1").symlink_to(hosts / "g0")  # one home for both
+    proc = _launch(proj, env, "gpu", "--", "configs/run.yaml", "mode=wait")
+    run = hosts / "g0" / "jaxrl_llm" / ".run"
+    deadline = time.monotonic() + 60
+    while not all((run / h / "run.pid").exists() for h in ("g0", "g1")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)
+    pids = {h: int((run / h / "run.pid").read_text()) for h in ("g0", "g1")}
+    assert pids["g0"] != pids["g1"]
+    proc.send_signal(signal.SIGTERM)
+    rc, out, err = _end(proc, timeout=60)
+    assert rc == RESUME_EXIT_CODE_SH, (rc, out, err)
+    assert [(run / h / "exit_code").read_text().strip() for h in ("g0", "g1")] == ["75", "75"]
+
+
 def _host_dirs(hosts, script):
     return [hosts / h / "jaxrl_llm" for h in (("g0", "g1") if script == "gpu" else ("rl-w0", "rl-w1"))]
 
@@ -300,7 +322,8 @@ def test_sigterm_while_streaming_stops_each_run_by_process_id(tmp_path, script):
         rc, out, err = _end(proc, timeout=60)
         assert rc == RESUME_EXIT_CODE_SH and "fake trainer started" in out and "preempted" not in err, (rc, out, err)
         for d in dirs:
-            assert (d / "got_term").read_text() == "TERM" and (d / "exit_code").read_text().strip() == "75"
+            code = d / ".run" / d.parent.name / "exit_code"
+            assert (d / "got_term").read_text() == "TERM" and code.read_text().strip() == "75"
         assert bystander.poll() is None, "another run on the host was stopped"
     finally:
         bystander.kill()

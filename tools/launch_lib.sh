@@ -74,15 +74,16 @@ make_archive() {  # make_archive ARCHIVE CONFIG [a.b=value ...]: the tracked fil
   local archive=$1 stage p
   shift
   stage=$(dirname "$archive")
-  for p in "${INCLUDE[@]}"; do
+  for p in ${INCLUDE[@]+"${INCLUDE[@]}"}; do  # (the guard: bash < 4.4 calls an empty array unbound under set -u)
     if [[ "$p" = /* || "/$p/" = */../* ]]; then
       echo "launch: --include $p must be a path inside the project" >&2; exit 2
     fi
     if [ ! -e "$p" ]; then echo "launch: --include $p: no such file or folder" >&2; exit 2; fi
   done
   printf '%s\0' "$@" > "$stage/.launch_args"
+  # what travels: tracked files, the --include paths, tools/remote_run.sh (the hosts' agent, even untracked)
   { git ls-files -z | while IFS= read -r -d '' p; do if [ -e "$p" ]; then printf '%s\0' "$p"; fi; done
-    for p in "${INCLUDE[@]}" tools/remote_run.sh; do printf '%s\0' "$p"; done  # the hosts' agent, even untracked
+    for p in ${INCLUDE[@]+"${INCLUDE[@]}"} tools/remote_run.sh; do printf '%s\0' "$p"; done
     [[ "$1" = /* || "/$1/" = */../* ]] || printf '%s\0' "$1"; } > "$stage/files"  # the config, tracked or not
   run tar -czf "$archive" --null -T "$stage/files" -C "$stage" .launch_args
   if [ "$DRY_RUN" = 1 ]; then

@@ -47,7 +47,8 @@ if [ "$DRY_RUN" = 1 ] || ! "${gc[@]}" describe "$name" "${where[@]}" >/dev/null 
   if [ "$create" = 1 ]; then
     if [ -z "$type" ]; then echo "launch_tpu_pod: --create needs --type (e.g. v5litepod-8)" >&2; exit 2; fi
     extra=(); [ "$spot" = 1 ] && extra=(--spot)
-    run "${gc[@]}" create "$name" "${where[@]}" --accelerator-type="$type" --version="$version" "${extra[@]}"
+    run "${gc[@]}" create "$name" "${where[@]}" --accelerator-type="$type" --version="$version" \
+      ${extra[@]+"${extra[@]}"}
   elif [ "$DRY_RUN" != 1 ]; then
     echo "launch_tpu_pod: no TPU VM $name in $zone; pass --create --type TYPE to make one" >&2; exit 2
   fi
@@ -63,7 +64,8 @@ run "${gc[@]}" scp "$archive" "$name:~/jaxrl_llm.tar.gz" "${where[@]}" --worker=
 run "${gc[@]}" ssh "$name" "${where[@]}" --worker=all --command="$(unpack_command "$dir" tpu)"
 
 # 3. the run on all workers (JAXRL_DISTRIBUTED=auto: jax.distributed finds the slice's workers itself),
-#    each logging to ~/DIR/train.log and leaving its exit status in ~/DIR/exit_code; worker 0 streamed
+#    each logging to ~/DIR/.run/HOST/train.log and leaving its exit status in ~/DIR/.run/HOST/exit_code;
+#    worker 0 streamed
 at="cd ~/$dir && LOG_TIMEOUT_S=$LOG_TIMEOUT_S bash tools/remote_run.sh"
 stop_all() { "${gc[@]}" ssh "$name" "${where[@]}" --worker=all --command="$at stop" || true; }
 one() {

@@ -9,10 +9,16 @@
 #   bash tools/remote_run.sh stream [LOG_TIMEOUT_S]   print train.log until the run ends; exit with its status
 #   bash tools/remote_run.sh stop                     SIGTERM to this run's trainer (by process id): it saves
 #                                                     and exits 75
-# Files beside the project: train.log, exit_code (the trainer's exit status), run.pid (the trainer's process id),
-# wrap.pid (the process that waits for it and writes exit_code).
+# Files in .run/HOST/ beside the project (HOST: this machine's hostname, or JAXRL_HOST_ID): train.log, exit_code
+# (the trainer's exit status), run.pid (the trainer's process id), wrap.pid (the process that waits for it and writes
+# exit_code). One folder per host: hosts that share a home (NFS) would otherwise delete and overwrite each other's.
 set -euo pipefail
 LOG_TIMEOUT_S=${LOG_TIMEOUT_S:-600}
+host=${JAXRL_HOST_ID:-$(hostname)}
+[[ "$host" =~ ^[A-Za-z0-9_.-]+$ ]] || { echo "remote_run: bad host name $host" >&2; exit 2; }
+state=.run/$host
+mkdir -p "$state"
+LOG=$state/train.log CODE=$state/exit_code RUN_PID=$state/run.pid WRAP_PID=$state/wrap.pid
 
 alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
@@ -20,9 +26,9 @@ alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 # learns of either within a fifth of a second, not a second
 POLL_S=0.2
 
-wait_for_log() {  # wait_for_log SECONDS: true once train.log exists
+wait_for_log() {  # wait_for_log SECONDS: true once the log exists
   local until=$((SECONDS + $1))
-  while [ ! -f train.log ]; do
+  while [ ! -f "$LOG" ]; do
     if [ "$SECONDS" -gt "$until" ]; then return 1; fi  # -gt: never before $1 whole seconds
     sleep "$POLL_S"
   done
@@ -35,42 +41,44 @@ case "${1:-}" in
       [[ "$kv" =~ ^[A-Z_][A-Z0-9_]*=[A-Za-z0-9_.:@-]*$ ]] || { echo "remote_run: bad variable $kv" >&2; exit 2; }
     done
     [ -f .launch_args ] || { echo "remote_run: no .launch_args in $PWD (copy the project again)" >&2; exit 2; }
-    if alive run.pid; then echo "remote_run: a run is still going in $PWD (process $(cat run.pid))" >&2; exit 2; fi
-    rm -f exit_code run.pid wrap.pid train.log
+    if alive "$RUN_PID"; then
+      echo "remote_run: a run is still going in $PWD (process $(cat "$RUN_PID"))" >&2; exit 2
+    fi
+    rm -f "$CODE" "$RUN_PID" "$WRAP_PID" "$LOG"
     nohup bash tools/remote_run.sh wrap "$@" >/dev/null 2>&1 &
     if ! wait_for_log "$LOG_TIMEOUT_S"; then
-      echo "remote_run: the run's log $PWD/train.log did not appear within ${LOG_TIMEOUT_S} s" >&2; exit 3
+      echo "remote_run: the run's log $PWD/$LOG did not appear within ${LOG_TIMEOUT_S} s" >&2; exit 3
     fi
     ;;
   wrap)  # the trainer's parent: records its process id and, once it ends, its exit status
     shift
-    echo $$ > wrap.pid
+    echo $$ > "$WRAP_PID"
     mapfile -d '' args < .launch_args
     env "$@" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
-      .venv/bin/jaxrl-llm train --config "${args[@]}" > train.log 2>&1 &
-    echo $! > run.pid
+      .venv/bin/jaxrl-llm train --config "${args[@]}" > "$LOG" 2>&1 &
+    echo $! > "$RUN_PID"
     wait $! && rc=0 || rc=$?
-    echo "$rc" > exit_code
+    echo "$rc" > "$CODE"
     ;;
   stream)
     timeout=${2:-$LOG_TIMEOUT_S}
     if ! wait_for_log "$timeout"; then
-      echo "remote_run: the run's log $PWD/train.log did not appear within $timeout s" >&2; exit 3
+      echo "remote_run: the run's log $PWD/$LOG did not appear within $timeout s" >&2; exit 3
     fi
-    tail -s "$POLL_S" -n +1 -F train.log 2>/dev/null &
+    tail -s "$POLL_S" -n +1 -F "$LOG" 2>/dev/null &
     t=$!
     trap 'kill $t 2>/dev/null || true' EXIT
-    while [ ! -f exit_code ]; do
-      if ! alive wrap.pid && [ ! -f exit_code ]; then
+    while [ ! -f "$CODE" ]; do
+      if ! alive "$WRAP_PID" && [ ! -f "$CODE" ]; then
         echo "remote_run: the run in $PWD ended without an exit status (its wrapper was killed)" >&2; exit 3
       fi
       sleep "$POLL_S"
     done
     sleep 0.6  # three of tail's polls: the log's last lines are out before the status
-    exit "$(cat exit_code)"
+    exit "$(cat "$CODE")"
     ;;
   stop)
-    if alive run.pid; then kill -TERM "$(cat run.pid)"; else echo "remote_run: no run going in $PWD" >&2; fi
+    if alive "$RUN_PID"; then kill -TERM "$(cat "$RUN_PID")"; else echo "remote_run: no run going in $PWD" >&2; fi
     ;;
   *) echo "remote_run: start | stream | stop (see the header of $0)" >&2; exit 2 ;;
 esac
