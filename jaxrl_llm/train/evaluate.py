@@ -3,11 +3,12 @@ the share of problems no sample solved. Solved is what rewards/scoring.py's Scor
 marks, or reward.correctness); with reward functions each component's mean is `greedy_reward/<name>` and
 `sampled_reward/<name>`, beside `greedy_reward_fn_errors` / `sampled_reward_fn_errors` (failed calls).
 
-Sampled figures are measured twice: at T = 1 (`sampled_accuracy`, `pass@k`, ...) and at the run's own
-rollout temperature (the same names prefixed `rollout_t_`). A method that moves its training
-temperature toward 1 (E3's controller) would otherwise look better at T = 1 merely for training closer
-to it; comparing arms at their training temperature removes that confound. When the rollout
-temperature is 1 the second set is a copy of the first (no second sampling pass).
+Sampled figures are measured twice: at T = 1 (`sampled_accuracy`, `pass@k`, ...) and as the rollouts sample,
+at the configured rollout temperature with rollout.top_p / top_k (the same names prefixed `rollout_t_`). A
+method that moves its training temperature toward 1 (E3's controller) would otherwise look better at T = 1
+merely for training closer to it; the configured temperature bounds that confound from the other side (it is
+GRPO's training temperature, not the controller's). When the rollouts sample the full distribution at T = 1
+the second set is a copy of the first (no second sampling pass).
 
 With eval.revise_rounds = k > 0 and rubric-graded problems, each pass's answers then go through k
 test-time self-revision rounds (train/revise_eval.py: an answer not solved is sent back with the
@@ -48,10 +49,11 @@ def sample_scored(sampler, params, pool, tok, cfg, items, rows, temperature, key
 
 
 def sample_graded(sampler, params, pool, tok, cfg, items, rows, temperature, key, judge=None, contexts=None,
-                  scores: list | None = None, **shape):
+                  scores: list | None = None, filters: dict | None = None, **shape):
     """sample_scored's (rewards, met [len(rows), K] | None (no rubric row), lengths, texts); `contexts`:
     each row's prompt ids instead of its item's prompt (revise prompts, still scored against the item);
-    `scores`: a list that gets each chunk's Scores; `shape`: the sampler's min_rows / min_context floors."""
+    `scores`: a list that gets each chunk's Scores; `filters`: the sampler's top_p / top_k (none: the full
+    distribution); `shape`: the sampler's min_rows / min_context floors."""
     max_new = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
     chunk = rows_per_step(cfg)
     tasks = [it for it, _ in items]
@@ -60,7 +62,7 @@ def sample_graded(sampler, params, pool, tok, cfg, items, rows, temperature, key
         part = rows[start:start + chunk]
         prompts = [items[j][1] for j in part] if contexts is None else contexts[start:start + chunk]
         out = sampler(params, prompts, max_new_tokens=max_new, temperature=temperature,
-                      key=jax.random.fold_in(key, c), **shape)
+                      key=jax.random.fold_in(key, c), **(filters or {}), **shape)
         t = response_texts(tok, out)
         s = score_parts(pool, cfg, tasks, t, np.asarray(part), judge)
         r, met = s.rewards, s.met
@@ -99,12 +101,16 @@ def evaluate(sampler, params, pool, tok, cfg: Config, items, key: jax.Array, jud
         out.update({f"revise_{k}": v for k, v in figures.items()})
         tokens += _round_tokens(figures)
     rollout_t = float(cfg.rollout.temperature)
+    # the second pass samples as the rollouts do: their temperature, top_p and top_k
+    filters = {**({"top_p": cfg.rollout.top_p} if cfg.rollout.top_p < 1.0 else {}),
+               **({"top_k": cfg.rollout.top_k} if cfg.rollout.top_k > 0 else {})}
     for prefix, temperature, phase in (("", 1.0, 1), ("rollout_t_", rollout_t, 2)):
-        if prefix and rollout_t == 1.0:
+        if prefix and rollout_t == 1.0 and not filters:
             out.update({f"{prefix}{k}": v for k, v in list(out.items()) if _is_sampled(k)})
             break
         figures, sampled_len, round_tokens = _sampled_figures(sampler, params, pool, tok, cfg, items, temperature,
-                                                              key, phase, judge, rounds, outcomes)
+                                                              key, phase, judge, rounds, outcomes,
+                                                              filters if prefix else None)
         out.update({f"{prefix}{k}": v for k, v in figures.items()})
         lengths.append(sampled_len)
         tokens += int(sampled_len.sum()) + round_tokens
@@ -125,14 +131,17 @@ def _round_tokens(figures: dict) -> int:
     return sum(v for k, v in figures.items() if k.endswith("_tokens"))
 
 
-def _sampled_figures(sampler, params, pool, tok, cfg, items, temperature, key, phase, judge, rounds, outcomes=None):
-    """eval.samples samples of every item at `temperature`: accuracy, mean reward, never-solved share,
-    unbiased pass@k, and any revise rounds' figures; the samples' lengths; the rounds' tokens."""
+def _sampled_figures(sampler, params, pool, tok, cfg, items, temperature, key, phase, judge, rounds, outcomes=None,
+                     filters=None):
+    """eval.samples samples of every item at `temperature` (with `filters`: top_p / top_k): accuracy, mean
+    reward, never-solved share, unbiased pass@k, and any revise rounds' figures; the samples' lengths; the
+    rounds' tokens."""
     n, k = len(items), cfg.eval.samples
     rows = np.repeat(np.arange(n), k)
     parts: list = []
     sampled, met, sampled_len, texts = sample_graded(sampler, params, pool, tok, cfg, items, rows, temperature,
-                                                     jax.random.fold_in(key, phase), judge, scores=parts)
+                                                     jax.random.fold_in(key, phase), judge, scores=parts,
+                                                     filters=filters)
     scored = Scores.concat(parts)
     if outcomes is not None:
         outcomes[float(temperature)] = (sampled, scored.correct)
@@ -145,7 +154,8 @@ def _sampled_figures(sampler, params, pool, tok, cfg, items, temperature, key, p
             out[f"pass@{kk}"] = float(np.mean([pass_at_k(k, int(c), kk) for c in solved_count]))
     round_tokens = 0
     if rounds is not None:
-        figures = rounds(rows, sampled, met, texts, temperature, jax.random.fold_in(key, 3 + phase), scored.correct)
+        figures = rounds(rows, sampled, met, texts, temperature, jax.random.fold_in(key, 3 + phase), scored.correct,
+                         filters)
         out.update({f"revise_sampled_{name}": v for name, v in figures.items()})
         round_tokens = _round_tokens(figures)
     return out, sampled_len, round_tokens
@@ -167,7 +177,7 @@ class Rounds:
         rows, context = call_shape(cfg, prompts, sampler.max_cache_len)
         self.shape = {"min_rows": rows, "min_context": context}
 
-    def __call__(self, row_item, rewards, met, texts, temperature, key, correct=None) -> dict:
+    def __call__(self, row_item, rewards, met, texts, temperature, key, correct=None, filters=None) -> dict:
         """The rounds' figures from the first answers; `correct`: which are solved (their Scores' `correct`;
         None: full marks of `rewards`, what it is without reward functions)."""
         p = self.prompts
@@ -177,7 +187,7 @@ class Rounds:
             contexts = [p.ids(int(i), drafts.met[j], drafts.texts[j]) for j, i in enumerate(items)]
             parts: list = []
             new, new_met, lengths, new_texts = sample_graded(*self.args, items, temperature, jax.random.fold_in(key, r),
-                                                             self.judge, contexts, parts, **self.shape)
+                                                             self.judge, contexts, parts, filters, **self.shape)
             return Answers(new, widen(new_met, len(rows), p.width), tuple(new_texts), Scores.concat(parts).correct), \
                 lengths
 

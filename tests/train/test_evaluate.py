@@ -35,12 +35,14 @@ def _evaluate(cfg):
 
 
 @pytest.mark.slow
-def test_sampled_figures_at_both_temperatures(tmp_path):
+@pytest.mark.parametrize("rollout", [(1e-4,), (1.0, "rollout.top_k=1")])
+def test_sampled_figures_at_both_temperatures(tmp_path, rollout):
     # a scratch model at init answers "\n" to everything: its weights get noise so that replies differ. The
     # answers are then the model's own greedy replies for half the items (a wrong one for the rest), so greedy
     # accuracy is 1/2; a near-zero rollout temperature samples the argmax token, so its sampled figures must
-    # equal greedy's exactly, while T=1 samples the random model's broad distribution and does not
-    cfg = _cfg(tmp_path, 1e-4)
+    # equal greedy's exactly, while T=1 samples the random model's broad distribution and does not. So must the
+    # rollouts' top_k=1 at T=1: the second pass samples as the rollouts do (it ignored top_p / top_k before)
+    cfg = _cfg(tmp_path, rollout[0], None, *rollout[1:])
     run = Run(cfg, log=lambda *a: None)
     leaves, tree = jax.tree.flatten(run.state.params)
     keys = jax.random.split(jax.random.key(1), len(leaves))
@@ -56,7 +58,7 @@ def test_sampled_figures_at_both_temperatures(tmp_path):
         out = run.evaluate(pool)
     assert out["greedy_accuracy"] == 0.5
     assert out["sampled_accuracy"] < 0.5
-    assert out["rollout_t"] == pytest.approx(1e-4)
+    assert out["rollout_t"] == pytest.approx(rollout[0])
     assert out["rollout_t_sampled_accuracy"] == out["greedy_accuracy"]
     assert out["rollout_t_sampled_reward_mean"] == out["greedy_reward_mean"]
     assert out["rollout_t_never_solved_share"] == pytest.approx(1.0 - out["greedy_accuracy"])
