@@ -17,6 +17,20 @@ def validate(cfg: Config, source: str) -> None:
     need(cfg.rollout.group_size >= 1 and cfg.rollout.prompts_per_step >= 1, "rollout sizes must be >= 1")
     need(cfg.rollout.decode_slots >= 0, f"rollout.decode_slots must be >= 0 (0: off), got {cfg.rollout.decode_slots}")
     need(cfg.rollout.max_new_tokens >= 1, "rollout.max_new_tokens must be >= 1")
+    ro, o = cfg.rollout, cfg.optim
+    need(math.isfinite(ro.temperature) and ro.temperature >= 0 and 0 < ro.top_p <= 1 and ro.top_k >= 0,
+         f"rollout: temperature ({ro.temperature}) must be >= 0, top_p ({ro.top_p}) in (0, 1], top_k ({ro.top_k}) "
+         f">= 0 (0: off)")
+    # a negative learning rate climbs the loss; clip_by_global_norm with a negative norm flips every gradient
+    for key, lr in (("optim.lr", o.lr), ("sft.lr", cfg.sft.lr)):
+        need(math.isfinite(lr) and lr >= 0, f"{key}={lr} must be a finite number >= 0")
+    need(o.max_grad_norm > 0, f"optim.max_grad_norm={o.max_grad_norm} must be > 0 (.inf: no clipping)")
+    need(o.warmup_steps >= 0 and math.isfinite(o.weight_decay) and o.weight_decay >= 0 and 0 <= o.b1 < 1
+         and 0 <= o.b2 < 1, f"optim: warmup_steps ({o.warmup_steps}) and weight_decay ({o.weight_decay}) must be >= 0, "
+         f"b1 ({o.b1}) and b2 ({o.b2}) in [0, 1)")
+    need(cfg.train.steps >= 0 and cfg.sft.steps >= 0 and cfg.sft.batch_size >= 1,
+         f"train.steps ({cfg.train.steps}) and sft.steps ({cfg.sft.steps}) must be >= 0, sft.batch_size "
+         f"({cfg.sft.batch_size}) >= 1")
     rw = cfg.reward
     need(rw.workers >= 1, f"reward.workers={rw.workers} must be >= 1 (processes that score responses)")
     need(math.isfinite(rw.timeout_s) and rw.timeout_s > 0,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from pathlib import Path
@@ -18,6 +19,52 @@ import yaml
 from jaxrl_llm.config.checks import validate
 from jaxrl_llm.config.choices import CHOICES, REFUSED
 from jaxrl_llm.config.sections import Config, ConfigError
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML as a config means it: numbers as YAML 1.2 reads them (010 is ten, not eight; 1:30 is text, not
+    ninety; 1e-3 is a float where YAML 1.1 reads a string), and a key given twice in one mapping is an error
+    (PyYAML kept the last one silently: a second `train:` section replaced the first)."""
+
+    yaml_implicit_resolvers = {k: [(tag, rx) for tag, rx in v if tag not in ("tag:yaml.org,2002:int",
+                                                                              "tag:yaml.org,2002:float")]
+                               for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} is given twice",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+_Loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?[0-9]+$"), list("-+0123456789"))
+_Loader.add_constructor("tag:yaml.org,2002:int", lambda loader, node: int(loader.construct_scalar(node), 10))
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+               r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+0123456789."))
+
+
+def _yaml(text: str):
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader)
+
+
+def _field_type(keys: list[str]):
+    """The declared type of the config field at dotted `keys` (None: not a field, or inside a dict field)."""
+    cls = Config
+    for i, key in enumerate(keys):
+        if not dataclasses.is_dataclass(cls):
+            return None
+        hints = typing.get_type_hints(cls)
+        if key not in hints:
+            return None
+        cls = hints[key]
+    return cls
 
 
 def _build(cls, raw: Any, where: str, source: str):
@@ -88,10 +135,13 @@ def _parse_override(item: str):
     if "=" not in item:
         raise ConfigError(f"override {item!r} is not of the form a.b=value")
     key, text = item.split("=", 1)
+    keys = key.strip().split(".")
+    if _field_type(keys) is str:  # text as written: YAML would cut it at ' #' or read 'Answer: x' as a mapping
+        return keys, text
     try:
-        return key.strip().split("."), yaml.safe_load(text) if text != "" else ""
+        return keys, _yaml(text) if text != "" else ""
     except yaml.YAMLError:  # prose that is no YAML (a multi-line template): the text itself; typed fields check it
-        return key.strip().split("."), text
+        return keys, text
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
@@ -100,16 +150,27 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
     if path is not None:
         source = str(path)
         try:
-            raw = yaml.safe_load(Path(path).read_text()) or {}
+            raw = _yaml(Path(path).read_text())
         except FileNotFoundError:
             raise ConfigError(f"{path}: no such config file") from None
+        except IsADirectoryError:
+            raise ConfigError(f"{path}: is a folder, not a config file") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"{path}: invalid YAML: {e}") from None
+        if raw is None:  # an empty file: every default
+            raw = {}
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: a config is a mapping of sections (model:, data:, ...), got "
+                              f"{type(raw).__name__} {raw!r:.60}")
     for item in overrides:
         keys, value = _parse_override(item)
         node = raw
         for k in keys[:-1]:
-            node = node.setdefault(k, {})
+            if node.get(k) is None:  # absent, or a section left empty in the file
+                node[k] = {}
+            node = node[k]
             if not isinstance(node, dict):
                 raise ConfigError(f"override {item!r}: '{k}' is not a section")
         node[keys[-1]] = value
@@ -117,5 +178,17 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
         source += " + overrides"
     cfg = _build(Config, raw, "", source)
     validate(cfg, source)
-    return cfg
+    return _expand_home(cfg)
+
+
+def _expand_home(cfg: Config) -> Config:
+    """`~` in the run's paths is the user's home (a shell leaves `train.out_dir=~/runs/x` as it is; a folder named
+    `~` in the working directory was made)."""
+    def home(p: str) -> str:
+        return str(Path(p).expanduser()) if p.startswith("~") else p
+
+    return dataclasses.replace(
+        cfg, train=dataclasses.replace(cfg.train, out_dir=home(cfg.train.out_dir)),
+        data=dataclasses.replace(cfg.data, path=home(cfg.data.path), eval_path=home(cfg.data.eval_path),
+                                 sft_path=home(cfg.data.sft_path)))
 
