@@ -71,7 +71,11 @@ def _cmd_sft(args) -> int:
     from jaxrl_llm.train.loop import Run
     from jaxrl_llm.train.stop import RESUME_EXIT_CODE
 
-    run = Run(_load_cfg(args, ["train.steps=0"]))
+    cfg = _load_cfg(args, ["train.steps=0"])
+    if cfg.sft.steps == 0:
+        raise ValueError("jaxrl-llm sft trains sft.steps supervised steps, and the config has sft.steps=0: give "
+                         "sft.steps=N (and the reference answers it trains on: data.worked, or a reference column)")
+    run = Run(cfg)
     run.train()
     return RESUME_EXIT_CODE if run.stopped else 0
 
@@ -108,7 +112,6 @@ def _cmd_bench(args) -> int:
 
 
 def main(argv=None) -> int:
-    offline_unless_reachable()  # first: the HF libraries read HF_HUB_OFFLINE when they are imported
     from jaxrl_llm.parallel.distributed import DistributedError
 
     parser = argparse.ArgumentParser(prog="jaxrl-llm", description=__doc__)
@@ -162,7 +165,8 @@ def main(argv=None) -> int:
 
     add_ablate_commands(sub)
 
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)  # --help and usage errors end here, before any network check
+    offline_unless_reachable()  # before a command imports the HF libraries: they read HF_HUB_OFFLINE on import
     try:
         return args.fn(args)
     except (ValueError, FileNotFoundError, DistributedError) as e:

@@ -139,11 +139,27 @@ class ModelConfig:
             raise UnsupportedModelError(f"{source}: missing required key {e.args[0]!r}") from None
 
     @classmethod
+    def from_scratch(cls, scratch: dict, *, vocab_size: int, param_dtype: str, eos_token_ids) -> "ModelConfig":
+        """A model from random weights (config `model.scratch`): its shape keys, checked by name."""
+        known = {f.name for f in dataclasses.fields(cls)} - {"vocab_size", "param_dtype", "eos_token_ids"}
+        unknown = sorted(set(scratch) - known)
+        if unknown:
+            raise UnsupportedModelError(f"model.scratch: unknown keys {unknown}; known: {', '.join(sorted(known))}")
+        return cls(**{"vocab_size": vocab_size, **scratch, "param_dtype": param_dtype,
+                      "eos_token_ids": tuple(eos_token_ids)})
+
+    @classmethod
     def from_hf_folder(cls, folder: str | Path, *, param_dtype: str | None = None) -> "ModelConfig":
         path = Path(folder) / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"{folder}: no config.json (expected a Hugging Face model folder)")
-        return cls.from_hf_dict(json.loads(path.read_text()), source=str(path), param_dtype=param_dtype)
+        try:
+            hf = json.loads(path.read_text())
+        except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+            raise UnsupportedModelError(f"{path}: not a JSON config ({e})") from None
+        if not isinstance(hf, dict):
+            raise UnsupportedModelError(f"{path}: a model config is a JSON object, got {type(hf).__name__}")
+        return cls.from_hf_dict(hf, source=str(path), param_dtype=param_dtype)
 
     def to_hf_dict(self) -> dict[str, Any]:
         rope = {"rope_type": "default", **dict(self.rope_scaling or ())}

@@ -30,8 +30,8 @@ def model_config(cfg: Config, model_shape: str | None = None):
         from jaxrl_llm.model.char_tokenizer import char_tokenizer
 
         tok = char_tokenizer()  # as train/policy.py build_policy
-        return ModelConfig(**{"vocab_size": len(tok), **cfg.model.scratch, "param_dtype": cfg.model.param_dtype,
-                              "eos_token_ids": (tok.eos_token_id,)})
+        return ModelConfig.from_scratch(cfg.model.scratch, vocab_size=len(tok), param_dtype=cfg.model.param_dtype,
+                                        eos_token_ids=(tok.eos_token_id,))
     from jaxrl_llm.model.registry import resolve
 
     try:

@@ -53,8 +53,8 @@ def build_policy(cfg: Config, mesh: Mesh, out_dir: Path) -> tuple[Policy, nnx.St
         from jaxrl_llm.model.char_tokenizer import char_tokenizer
 
         tok = char_tokenizer()
-        model_cfg = ModelConfig(**{"vocab_size": len(tok), **cfg.model.scratch,
-                                   "param_dtype": cfg.model.param_dtype, "eos_token_ids": (tok.eos_token_id,)})
+        model_cfg = ModelConfig.from_scratch(cfg.model.scratch, vocab_size=len(tok), param_dtype=cfg.model.param_dtype,
+                                             eos_token_ids=(tok.eos_token_id,))
         graphdef, abstract = nnx.split(abstract_model(model_cfg, adapters))
         shardings = sharding_tree(abstract, mesh)
         # created directly in the sharded layout: the initialiser itself is jitted with out_shardings

@@ -199,12 +199,14 @@ def test_importing_leaves_the_hf_environment_alone_and_the_cli_decides():
         "    jaxrl_llm.cli.main(['--help'])\n"
         "except SystemExit:\n"
         "    pass\n"
+        "print('HELP=' + os.environ.get('HF_HUB_OFFLINE', 'unset'))\n"  # --help asks nothing of the network
+        "jaxrl_llm.cli.main(['prepare-model', '/nonexistent/model/folder'])\n"
         "print('OFFLINE=' + os.environ.get('HF_HUB_OFFLINE', 'unset'))\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
     env["HF_ENDPOINT"] = "http://127.0.0.1:9"  # the discard port: nothing listens, refused at once
     out = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert "OFFLINE=1" in out.stdout and "did not answer" in out.stderr
+    assert "HELP=unset" in out.stdout and "OFFLINE=1" in out.stdout and "did not answer" in out.stderr, out
     # and no module of the package writes an HF_* key into the process environment (a subprocess's env= is fine)
     writes = re.compile(r"os\.environ(\[[^]]*\]\s*=[^=]|\.setdefault\(|\.update\(|\.pop\()|os\.putenv\(")
     found = [f"{f.relative_to(ROOT)}:{n}" for f in sorted((ROOT / "jaxrl_llm").rglob("*.py"))
