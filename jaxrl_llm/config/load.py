@@ -137,6 +137,13 @@ def _parse_override(item: str):
     key, text = item.split("=", 1)
     keys = key.strip().split(".")
     if _field_type(keys) is str:  # text as written: YAML would cut it at ' #' or read 'Answer: x' as a mapping
+        if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":  # a quoted YAML scalar: its text
+            try:
+                value = _yaml(text)
+            except yaml.YAMLError:
+                value = None
+            if isinstance(value, str):
+                return keys, value
         return keys, text
     try:
         return keys, _yaml(text) if text != "" else ""

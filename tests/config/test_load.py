@@ -14,6 +14,11 @@ def test_a_text_field_takes_the_override_as_written():
                              "data.system_prompt=Answer: give a number # be kind"])
     assert cfg.data.instruction == "Put the answer after #### like GSM8K"  # YAML cut it at ' #'
     assert cfg.data.system_prompt == "Answer: give a number # be kind"  # YAML read a mapping
+    # a quoted value is a YAML scalar, as before (specs and scripts quote templates that start with '{')
+    cfg = load_config(None, ["explore.herl.revise_template='{question} D {draft} M {met} U {unmet}'",
+                             'data.instruction="Say \\"yes\\"."'])
+    assert cfg.explore.herl.revise_template == "{question} D {draft} M {met} U {unmet}"
+    assert cfg.data.instruction == 'Say "yes".'
 
 
 def test_numbers_are_read_as_yaml_1_2_reads_them():
