@@ -86,13 +86,15 @@ def eval_counts(argv: list[str], out: Path, exprs: dict[str, str], counts_path: 
                 log) -> lines.LineCounts:
     """Counts of `jaxrl-llm eval argv --out out` (sampled once: its completions are reused while they are of the
     same checkpoint step and sample count), kept in counts_path with `source`."""
-    summary = out / "summary.json"
-    done = summary.is_file() and (out / "completions.jsonl").is_file() and {
-        k: json.loads(summary.read_text()).get(k) for k in ("step", "samples")} == {
-        "step": source["step"], "samples": source["samples"]}
+    summary, sampled_from = out / "summary.json", out / "source.json"
+    # reused only when sampled from this source (step, samples and warm start: a warm start made again since
+    # has the same step and samples, and its completions were counted under the new digest)
+    done = summary.is_file() and (out / "completions.jsonl").is_file() and sampled_from.is_file() and \
+        json.loads(sampled_from.read_text()) == source
     if not done:
         log(f"sampling: jaxrl-llm eval {' '.join(argv)} --out {out}")
         eval_subprocess(argv, out, "completions.jsonl", "")
+        sampled_from.write_text(json.dumps(source, sort_keys=True) + "\n")
     c = lines.count_lines(load_rows(out / "completions.jsonl"), exprs, 1.0, str(out / "completions.jsonl"), source)
     counts_path.parent.mkdir(parents=True, exist_ok=True)
     counts_path.write_text(c.to_json() + "\n")

@@ -110,7 +110,7 @@ def parse_deadline(text: str, now: float | None = None) -> float:
 def _pick(text: str | None, known, what: str, parse=str) -> list:
     if text is None:
         return list(known)
-    picked = [parse(t.strip()) for t in text.split(",") if t.strip()]
+    picked = list(dict.fromkeys(parse(t.strip()) for t in text.split(",") if t.strip()))  # `a,a`: one run each
     unknown = [p for p in picked if p not in known]
     if unknown or not picked:
         raise SpecError(f"--{what} {text!r}: {unknown or 'nothing'} not in the spec's {what} "

@@ -99,8 +99,9 @@ def run_prepare(spec: Spec) -> tuple[str | None, int | None]:
 
 
 def run_seconds(spec: Spec, arm: str) -> float | None:
-    """How long a run of `arm` is expected to take: the longest finished run of the arm, else of any arm (done
-    marker's elapsed_s, or the run's steps' and evaluations' wall time where it is larger); None without one."""
+    """How long a run of `arm` is expected to take: the longest finished run of the arm, else of any arm scaled by
+    the two arms' RL steps (arms of one spec may train 30 or 400 steps) (done marker's elapsed_s, or the run's
+    steps' and evaluations' wall time where it is larger); None without one."""
     def took(arm_, seed):
         record = spec.record(arm_, seed)
         if record is None:
@@ -110,13 +111,26 @@ def run_seconds(spec: Spec, arm: str) -> float | None:
         summary = run_summary(load_rows(record / "metrics.jsonl"), steps) if steps else None
         wall = summary["final"].get("wall_s") if summary else None
         known = [float(t) for t in (elapsed, wall) if isinstance(t, (int, float))]
-        return max(known) if known else None
+        return (max(known), steps) if known else None
 
-    for arms in ([arm], list(spec.arms)):
-        times = [t for a in arms for s in spec.seeds if (t := took(a, s)) is not None]
-        if times:
-            return max(times)
-    return None
+    own = [t for s in spec.seeds if (t := took(arm, s)) is not None]
+    if own:
+        return max(t for t, _ in own)
+    others = [t for a in spec.arms for s in spec.seeds if (t := took(a, s)) is not None]
+    if not others:
+        return None
+    want = arm_steps(spec, arm)
+    return max(t * want / steps if want and steps else t for t, steps in others)
+
+
+def arm_steps(spec: Spec, arm: str) -> int | None:
+    """The RL steps a run of `arm` trains (its config as the spec gives it); None where it cannot be read."""
+    from jaxrl_llm.config import ConfigError, load_config
+
+    try:
+        return load_config(spec.base, [*spec.overrides, *spec.arms[arm]]).train.steps
+    except (ConfigError, OSError, ValueError):
+        return None
 
 
 def folder_digest(folder: Path, pattern: str = "*") -> str | None:
@@ -139,6 +153,33 @@ def prepared_digests(spec: Spec) -> dict[str, str]:
     folder), for each step whose output exists. A finished run's record keeps them: made again on another machine,
     a warm start is often another policy (SFT on another CPU), and one grid must not mix them."""
     return {str(creates): folder_digest(creates.parent) for creates, _ in spec.prepare if creates.exists()}
+
+
+START = "ablation_start.json"  # in a run folder: the prepare outputs its first attempt started from
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """`text` into `path` by a temporary file and a rename: a kill mid-write leaves the old file or none."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def started_from(run_dir: Path, prepared: dict[str, str]) -> str | None:
+    """Keep in `run_dir` the prepare outputs a run starts from (its first attempt's); on a later attempt, why it
+    may not resume (its warm start was made again since: the trainer sees a model folder of the same names and
+    sizes), else None."""
+    if not prepared:
+        return None
+    path = run_dir / START
+    if path.is_file():
+        first = json.loads(path.read_text()).get("prepared", {})
+        changed = [f"{k} was {v}, now {prepared[k]}" for k, v in first.items() if k in prepared and prepared[k] != v]
+        return (f"its warm start changed since the run started ({'; '.join(changed)}); delete {run_dir} to train it "
+                f"again from this one") if changed else None
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps({"prepared": prepared}) + "\n")
+    return None
 
 
 def other_preparation(here: dict[str, str], records: dict) -> list[str]:
@@ -212,6 +253,11 @@ def run_grid(spec: Spec, todo: list[tuple[str, int]], parallel: int = 1, already
                         elif time.time() + need > deadline:
                             left.append((arm, seed, need))
                             continue
+                    changed = started_from(spec.run_dir(arm, seed), prepared)
+                    if changed:  # an unfinished run resumed on another warm start would finish as neither's
+                        failed.append((arm, seed, changed))
+                        tqdm.write(f"FAILED: arm {arm}, seed {seed}: {changed}", file=sys.stderr)
+                        continue
                     started[arm, seed] = time.time()
                     running[arm, seed] = launch(spec, arm, seed)
                     bar.set_description(", ".join(f"{a}/seed{s}" for a, s in running))
@@ -225,8 +271,9 @@ def run_grid(spec: Spec, todo: list[tuple[str, int]], parallel: int = 1, already
                     why = f"exit code {rc}" if rc != 0 else final_eval_problem(run_dir)
                     if why is None:
                         steps = run_steps(run_dir)
-                        # elapsed_s: this attempt's start to exit (a resumed run's earlier attempts are not in it)
-                        (run_dir / DONE).write_text(spec.done_text(
+                        # elapsed_s: this attempt's start to exit (a resumed run's earlier attempts are not in it);
+                        # prepared: what the run started from (its first attempt's), and it is the same as now
+                        write_atomic(run_dir / DONE, spec.done_text(
                             arm, seed, steps=steps, exit_code=rc, finished=time.strftime("%Y-%m-%d %H:%M:%S"),
                             elapsed_s=round(time.time() - started[arm, seed], 1),
                             **({"prepared": prepared} if prepared else {})))

@@ -18,6 +18,7 @@ A spec (YAML; relative paths are taken from the working directory, like the trai
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 import re
 import shlex
@@ -69,9 +70,19 @@ class Spec:
         return None
 
     def done_text(self, arm: str, seed: int, **facts) -> str:
-        """ablation_done.json's text for a finished (arm, seed): the command that trained it (what `record`
-        checks), and `facts` (steps, exit code, times)."""
-        return json.dumps({"arm": arm, "seed": seed, **facts, "command": self.command(arm, seed)}, indent=1) + "\n"
+        """ablation_done.json's text for a finished (arm, seed): the command that trained it and its base config's
+        digest (what `record` checks), and `facts` (steps, exit code, times)."""
+        return json.dumps({"arm": arm, "seed": seed, **facts, "base_digest": self.base_digest(),
+                           "command": self.command(arm, seed)}, indent=1) + "\n"
+
+    def base_digest(self) -> str:
+        """sha256 (16 hex digits) of the base config as YAML reads it (comments and layout left out): the command
+        names the base by path, so an edit of its contents would otherwise go unseen."""
+        try:
+            content = yaml.safe_load(Path(self.base).read_text())
+        except (OSError, yaml.YAMLError) as e:
+            raise SpecError(f"{self.path}: base {self.base}: {e}") from None
+        return hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def check_record(self, d: Path, arm: str, seed: int) -> None:
         """Refuse (SpecError) the record in `d` unless the spec's command for (arm, seed) today trained it."""
@@ -89,6 +100,11 @@ class Spec:
         def what_trains(argv):
             return [a for a in argv[3:] if not a.startswith(("train.out_dir=", "eval.start_cache="))]
 
+        base = done.get("base_digest")  # records made before the harness kept it: the command alone
+        if base is not None and base != self.base_digest():
+            raise SpecError(f"{self.path}: arm '{arm}', seed {seed}: the record {d} was trained from another content "
+                            f"of the base config {self.base} (digest {base}, today {self.base_digest()}). Restore the "
+                            f"base, or give the spec a new base file (or a new out_dir and archive).")
         want, got = what_trains(self.command(arm, seed)), what_trains(recorded)
         if got != want:
             added = [a for a in want if a not in got]

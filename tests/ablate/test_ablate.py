@@ -500,6 +500,13 @@ def test_a_record_trained_by_another_command_than_the_spec_gives_is_refused(tmp_
     assert command.main([str(path), "--report-only"]) == 2 and "arm 'a', seed 0: the record" in capsys.readouterr().err
     assert {f: f.read_bytes() for f in (kept / "runs" / "a" / "seed0").rglob("*") if f.is_file()} == archived
     shutil.rmtree(tmp_path / "out")
+    # the base config's contents edited (the command names it by path): refused too; a comment alone is no edit
+    _write_spec(tmp_path, text, base="# the same base\ntrain: {steps: 2}\n")
+    assert command.main([str(path), "--report-only"]) == 0
+    _write_spec(tmp_path, text, base="train: {steps: 2}\noptim: {lr: 0.5}\n")
+    assert command.main([str(path), "--report-only"]) == 2
+    assert f"was trained from another content of the base config {tmp_path / 'base.yaml'}" in capsys.readouterr().err
+    _write_spec(tmp_path, text)
     # a marker that is not the harness's (hand-made, truncated) is refused as well, not counted
     (kept / "runs" / "a" / "seed0" / spec_mod.DONE).write_text("{}\n")
     with pytest.raises(spec_mod.SpecError, match=r"arm 'a', seed 0: .*ablation_done.json is not a finished run's "
@@ -548,6 +555,29 @@ def test_stop_by_parses_durations_and_local_times_and_refuses_the_past_and_junk(
                         ("", "give a duration"), ("25:00", "give a duration")):
         with pytest.raises(spec_mod.SpecError, match=error):
             command.parse_deadline(text, now)
+
+
+def test_a_first_run_is_estimated_from_another_arms_by_their_steps(tmp_path):
+    """Arms of one spec train 30 or 400 steps: a run with no finished run of its own arm is estimated from the
+    others' scaled by the two arms' RL steps (it took the others' time as it was: 13x too short at 30 vs 400)."""
+    path = _write_spec(tmp_path, "base: BASE\nseeds: [0]\nout_dir: OUT\narms: {a: [], long: [train.steps=8]}\n")
+    spec = spec_mod.load_spec(path)
+    _write_run(spec, "a", 0, 2, [(0, _eval(0, 0, 1, {})), (2, _eval(1, 1, 0, {}))], [{"time_step_s": 1.0}] * 2)
+    done = json.loads((spec.run_dir("a", 0) / spec_mod.DONE).read_text())
+    (spec.run_dir("a", 0) / spec_mod.DONE).write_text(json.dumps({**done, "elapsed_s": 100.0}))
+    assert grid_mod.run_seconds(spec, "a") == 100.0 and grid_mod.run_seconds(spec, "long") == 400.0
+
+
+def test_a_run_resumed_on_a_warm_start_made_again_is_refused(tmp_path):
+    """An unfinished run keeps what its first attempt started from; made again since (the trainer sees a model
+    folder of the same file names and sizes), the warm start would give a run of neither: refused, named."""
+    run_dir = tmp_path / "out" / "a" / "seed0"
+    assert grid_mod.started_from(run_dir, {"runs/sft/final/config.json": "aaaa"}) is None  # first attempt: kept
+    assert grid_mod.started_from(run_dir, {"runs/sft/final/config.json": "aaaa"}) is None  # the same: resumes
+    why = grid_mod.started_from(run_dir, {"runs/sft/final/config.json": "bbbb"})
+    assert why.startswith("its warm start changed since the run started (runs/sft/final/config.json was aaaa, "
+                          "now bbbb); delete ") and str(run_dir) in why
+    assert grid_mod.started_from(tmp_path / "other", {}) is None and not (tmp_path / "other").exists()
 
 
 def test_stop_by_starts_no_run_expected_to_end_after_it(tmp_path, monkeypatch, capsys):
