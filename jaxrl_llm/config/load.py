@@ -82,7 +82,7 @@ def _build(cls, raw: Any, where: str, source: str):
             raise ConfigError(f"{source}: unknown key '{dotted}'{hint}")
         typ = hints[key]
         if dataclasses.is_dataclass(typ):
-            kwargs[key] = _build(typ, value or {}, dotted, source)
+            kwargs[key] = _build(typ, {} if value is None else value, dotted, source)  # `explore.e3=false` refused
         else:
             kwargs[key] = _coerce(value, typ, dotted, source)
             if isinstance(kwargs[key], str) and (dotted, kwargs[key]) in REFUSED:

@@ -99,3 +99,10 @@ def test_sft_without_sft_steps_is_refused_and_help_asks_nothing_of_the_network(m
     monkeypatch.setattr(cli, "offline_unless_reachable", lambda *a, **k: False)
     assert cli.main(["sft", "--config", "configs/toy.yaml", "sft.steps=0"]) == 2
     assert "jaxrl-llm sft trains sft.steps supervised steps, and the config has sft.steps=0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("override", ["model.lora=0", "explore.e3=false"])
+def test_a_section_given_a_value_is_refused(override):
+    """`explore.e3=false` read as the section's defaults (e3 stays as configured) instead of an error."""
+    with pytest.raises(ConfigError, match=rf"'{override.split('=')[0]}' must be a mapping"):
+        load_config(None, [override])
