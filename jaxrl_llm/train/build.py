@@ -39,10 +39,11 @@ class RawData:
 
 def load_data(cfg: Config, log=print) -> RawData:
     train, held_out, repeated = load_splits_counted(cfg.data)
-    if repeated and not held_out:
-        raise ValueError(f"every one of the {repeated} held-out items repeats a training question, so none is left "
-                         f"to evaluate on (is data.eval_path the training file, data.path?)")
-    if repeated:
+    if repeated and not held_out:  # said first, not only in the summary at the end (a run without held-out items
+        # is allowed: its evaluation is empty)
+        log(f"every one of the {repeated} held-out items repeats a training question, so the run evaluates on none "
+            f"(is data.eval_path the training file, data.path?)")
+    elif repeated:
         log(f"{repeated} held-out items repeat a training question: left out of the evaluation "
             f"({len(held_out)} kept)")
     return RawData(train, held_out, load_sft_items(cfg.data) if cfg.sft.steps > 0 else [], repeated)
