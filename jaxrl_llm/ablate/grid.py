@@ -259,7 +259,9 @@ def run_grid(spec: Spec, todo: list[tuple[str, int]], parallel: int = 1, already
                         tqdm.write(f"FAILED: arm {arm}, seed {seed}: {changed}", file=sys.stderr)
                         continue
                     started[arm, seed] = time.time()
-                    running[arm, seed] = launch(spec, arm, seed)
+                    running[arm, seed] = proc = launch(spec, arm, seed)
+                    if stopped and proc.poll() is None:  # a signal between the start and the line above
+                        proc.send_signal(signal.SIGTERM)  # missed this run: it is told now
                     bar.set_description(", ".join(f"{a}/seed{s}" for a, s in running))
                 time.sleep(0.2)
                 for (arm, seed), proc in list(running.items()):

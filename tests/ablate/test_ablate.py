@@ -10,6 +10,7 @@ import runpy
 import shlex
 import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -296,6 +297,29 @@ def test_finished_runs_are_skipped_and_failures_reported(tmp_path, monkeypatch, 
     assert command.main([str(path), "--seeds", "1"]) == 0
     assert launched == [("a", 1), ("b", 1)]
     assert "Missing" not in (spec.out_dir / "results.md").read_text()
+
+
+def test_a_signal_while_a_run_starts_reaches_that_run(tmp_path, monkeypatch):
+    """A SIGTERM after the trainer started but before the harness listed it as running was never passed on: that
+    run trained to its end while the harness waited for it."""
+    path = _write_spec(tmp_path, "base: BASE\nseeds: [0]\nout_dir: OUT\narms: {a: []}\n")
+    spec = spec_mod.load_spec(path)
+    got, ready = tmp_path / "got", tmp_path / "ready"
+    child = ("import pathlib, signal, sys, time\n"
+             f"signal.signal(signal.SIGTERM, lambda *a: (pathlib.Path({str(got)!r}).write_text('term'), sys.exit(0)))\n"
+             f"pathlib.Path({str(ready)!r}).write_text('')\ntime.sleep(60)\n")
+
+    def launch(spec, arm, seed):
+        proc = subprocess.Popen([sys.executable, "-c", child])
+        while not ready.exists():
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGTERM)  # the harness's handler runs before launch returns
+        return proc
+
+    monkeypatch.setattr(grid_mod, "launch", launch)
+    t0 = time.monotonic()
+    failed, stopped, left = grid_mod.run_grid(spec, [("a", 0)])
+    assert stopped == signal.SIGTERM and got.read_text() == "term" and time.monotonic() - t0 < 30
 
 
 @pytest.mark.slow
