@@ -34,6 +34,7 @@ from pathlib import Path
 
 from jaxrl_llm.ablate.records import archive_run, final_eval_problem, load_rows, run_steps, run_summary
 from jaxrl_llm.ablate.spec import DONE, LOG, Spec, SpecError
+from jaxrl_llm.train.metrics import replace_text
 
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
@@ -158,13 +159,6 @@ def prepared_digests(spec: Spec) -> dict[str, str]:
 START = "ablation_start.json"  # in a run folder: the prepare outputs its first attempt started from
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """`text` into `path` by a temporary file and a rename: a kill mid-write leaves the old file or none."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
 def started_from(run_dir: Path, prepared: dict[str, str]) -> str | None:
     """Keep in `run_dir` the prepare outputs a run starts from (its first attempt's); on a later attempt, why it
     may not resume (its warm start was made again since: the trainer sees a model folder of the same names and
@@ -178,7 +172,7 @@ def started_from(run_dir: Path, prepared: dict[str, str]) -> str | None:
         return (f"its warm start changed since the run started ({'; '.join(changed)}); delete {run_dir} to train it "
                 f"again from this one") if changed else None
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, json.dumps({"prepared": prepared}) + "\n")
+    replace_text(path, json.dumps({"prepared": prepared}) + "\n")
     return None
 
 
@@ -275,7 +269,7 @@ def run_grid(spec: Spec, todo: list[tuple[str, int]], parallel: int = 1, already
                         steps = run_steps(run_dir)
                         # elapsed_s: this attempt's start to exit (a resumed run's earlier attempts are not in it);
                         # prepared: what the run started from (its first attempt's), and it is the same as now
-                        write_atomic(run_dir / DONE, spec.done_text(
+                        replace_text(run_dir / DONE, spec.done_text(
                             arm, seed, steps=steps, exit_code=rc, finished=time.strftime("%Y-%m-%d %H:%M:%S"),
                             elapsed_s=round(time.time() - started[arm, seed], 1),
                             **({"prepared": prepared} if prepared else {})))
