@@ -101,9 +101,9 @@ class Spec:
             return [a for a in argv[3:] if not a.startswith(("train.out_dir=", "eval.start_cache="))]
 
         base = done.get("base_digest")  # records made before the harness kept it: the command alone
-        if base is not None and base != self.base_digest():
+        if base is not None and base != (today := self.base_digest()):
             raise SpecError(f"{self.path}: arm '{arm}', seed {seed}: the record {d} was trained from another content "
-                            f"of the base config {self.base} (digest {base}, today {self.base_digest()}). Restore the "
+                            f"of the base config {self.base} (digest {base}, today {today}). Restore the "
                             f"base, or give the spec a new base file (or a new out_dir and archive).")
         want, got = what_trains(self.command(arm, seed)), what_trains(recorded)
         if got != want:
