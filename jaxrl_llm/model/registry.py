@@ -28,6 +28,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+from jaxrl_llm.utils.atomic import atomic_folder
+
 
 @dataclasses.dataclass(frozen=True)
 class KnownModel:
@@ -164,11 +166,8 @@ def _convert_gguf(gguf_path: Path, folder: Path, log) -> Path:
 
     log(f"converting {gguf_path.name} to a Hugging Face folder ...")
     model, _ = load_gguf(gguf_path)
-    tmp = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    export_hf_folder(model, tmp, tokenizer=load_gguf_tokenizer(gguf_path))
-    shutil.rmtree(folder, ignore_errors=True)  # an incomplete earlier attempt
-    tmp.rename(folder)
+    with atomic_folder(folder) as tmp:  # an incomplete earlier attempt there is replaced
+        export_hf_folder(model, tmp, tokenizer=load_gguf_tokenizer(gguf_path))
     return folder
 
 
