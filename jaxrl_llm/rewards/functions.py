@@ -26,7 +26,6 @@ import importlib
 import importlib.util
 import inspect
 import json
-import math
 import numbers
 import os
 import sys
@@ -113,14 +112,10 @@ def components(fn: RewardFn, value) -> dict[str, float]:
     def number(v, what: str) -> float:
         if not isinstance(v, numbers.Real):
             raise TypeError(f"{fn.label} returned {what}{type(v).__name__} {v!r:.80}, not a number")
-        try:
-            x = float(v)
-        except OverflowError:  # an int past float's range
-            x = math.inf
-        if not abs(x) <= LIMIT:
+        if not abs(v) <= LIMIT:  # NaN, inf, and ints past float's range (compared exactly, no OverflowError)
             raise ValueError(f"{fn.label} returned {what}{v!r:.80}, not a finite number in [-{LIMIT:g}, {LIMIT:g}] "
                              f"(reward.functions: rewards are float32 and their group statistics square them)")
-        return x
+        return float(v)
 
     if isinstance(value, Mapping):
         if not value:

@@ -52,9 +52,9 @@ import difflib
 import functools
 import inspect
 import json
-import math
 import random
 import re
+import sys
 from typing import Callable, Sequence
 
 import numpy as np
@@ -302,7 +302,8 @@ def _parse_item(raw, where: str) -> RubricItem:
     description, weight, check, args = raw["description"], raw["weight"], raw["check"], raw.get("args", {})
     if not isinstance(description, str) or not description.strip():
         raise RubricError(f"{where}: key 'description' must be a non-empty string, got {description!r}")
-    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not _finite(weight) or weight < 0:
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) \
+            or not 0 <= weight <= sys.float_info.max:  # NaN and 10**400 too, without OverflowError
         raise RubricError(f"{where}: key 'weight' must be a finite number >= 0, got {weight!r:.80}")
     if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
         raise RubricError(f"{where}: key 'args' must be an object of keyword arguments, got {args!r}")
@@ -358,14 +359,6 @@ def grade(items: Sequence[RubricItem], response: str, judged: Sequence[int | boo
         else:
             met[k] = _met(item, response)
     return weighted_score(items, met), met
-
-
-def _finite(x: int | float) -> bool:
-    """math.isfinite that says False, not OverflowError, for an int past float's range (10**400)."""
-    try:
-        return math.isfinite(x)
-    except OverflowError:
-        return False
 
 
 def weighted_score(items: Sequence[RubricItem], met) -> float:
