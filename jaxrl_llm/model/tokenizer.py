@@ -9,18 +9,42 @@ from pathlib import Path
 from typing import Sequence
 
 
+# tokenizer_config.json classes that AutoTokenizer resolves to transformers' generic tokenizers-library class
+# (what this package writes for scratch and GGUF models, and what many hub models name)
+GENERIC_CLASSES = frozenset({"TokenizersBackend", "PreTrainedTokenizerFast"})
+
+
 def load_tokenizer(folder: str | Path, chat_template: str = ""):
     """The tokenizer of a local model folder; `chat_template` (data.chat_template_override: Jinja text or the path
-    of a .jinja file) replaces the folder's template, e.g. for a model that ships none."""
-    from transformers import AutoTokenizer
-
+    of a .jinja file) replaces the folder's template, e.g. for a model that ships none. A folder whose
+    tokenizer_config.json names the generic class (GENERIC_CLASSES; no remote code) is loaded through that class:
+    the object AutoTokenizer returns, without importing AutoTokenizer's model registry, which imports torch where
+    it is installed (~3.5 s of every process's start on a 2-core CPU)."""
     folder = Path(folder)
     if not (folder / "tokenizer.json").is_file() and not (folder / "tokenizer_config.json").is_file():
         raise FileNotFoundError(f"{folder}: no tokenizer files (tokenizer.json / tokenizer_config.json)")
-    tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    if _generic(folder):
+        from transformers import PreTrainedTokenizerFast as Loader
+    else:
+        from transformers import AutoTokenizer as Loader
+    tok = Loader.from_pretrained(str(folder), local_files_only=True)
     if chat_template:
         tok.chat_template = read_chat_template(chat_template)
     return tok
+
+
+def _generic(folder: Path) -> bool:
+    """Whether `folder` holds a tokenizer.json and a tokenizer_config.json naming a GENERIC_CLASSES class, with no
+    `auto_map` (remote code); anything else (a class of its own, a sentencepiece model alone, an unreadable
+    config) goes to AutoTokenizer, which also gives the errors."""
+    import json
+
+    try:
+        config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (isinstance(config, dict) and config.get("tokenizer_class") in GENERIC_CLASSES
+            and "auto_map" not in config and (folder / "tokenizer.json").is_file())
 
 
 def read_chat_template(value: str) -> str:
