@@ -78,7 +78,8 @@ def add_ci_arguments(p) -> None:
                    help="also one table per difficulty group of the held-out problems (where the items carry one)")
     p.add_argument("--seeds-only", action="store_true",
                    help="Welch t intervals over seeds from the runs' final evaluation rows, for records without "
-                        "per-problem outcomes (seed_intervals.py); written to intervals_seeds.md")
+                        "per-problem outcomes (seed_intervals.py); written to intervals_seeds.md "
+                        "(<reports>.intervals_seeds.md where the spec names its reports)")
 
 
 def parse_deadline(text: str, now: float | None = None) -> float:

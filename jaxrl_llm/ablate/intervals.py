@@ -25,7 +25,8 @@ With 3 seeds the seed part of the spread is under-estimated (a bootstrap of 3 va
 variance and 10 distinct draws), so read an interval as the problems' uncertainty plus a rough seed term; the
 table's Welch p (a t-test on the seeds' means, the problem set held fixed) checks the seed term on its own.
 
-Written to the spec's archive (else out_dir) as intervals.md and printed.
+Written to the spec's archive (else out_dir) as intervals.md (<reports>.intervals.md where the spec names its reports)
+and printed.
 """
 
 from __future__ import annotations
@@ -420,5 +421,6 @@ def run(spec: Spec, pairs, resamples: int, seed: int, by_difficulty: bool, comma
     text = format_markdown(spec, command_line, results, missing, resamples, seed)
     folder = spec.archive or spec.out_dir
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "intervals.md").write_text(text)
-    return text, folder / "intervals.md"
+    path = spec.report_file(folder, "intervals.md")
+    path.write_text(text)
+    return text, path

@@ -165,10 +165,11 @@ def write_report(spec: Spec) -> list[Path]:
         if folder is None:
             continue
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "results.md").write_text(format_markdown(spec, table, runs, missing))
-        (folder / "results.csv").write_text(format_csv(table))
-        written += [folder / "results.md", folder / "results.csv"]
+        md, csv, png = (spec.report_file(folder, n) for n in ("results.md", "results.csv", "curves.png"))
+        md.write_text(format_markdown(spec, table, runs, missing))
+        csv.write_text(format_csv(table))
+        written += [md, csv]
         if runs:
-            plot_curves(spec, runs, folder / "curves.png")
-            written.append(folder / "curves.png")
+            plot_curves(spec, runs, png)
+            written.append(png)
     return written

@@ -8,7 +8,8 @@ is Welch's (unequal variances, Welch-Satterthwaite degrees of freedom) for the d
 means, from scipy.stats.ttest_ind(equal_var=False). It treats the problem set as fixed and, with 3 seeds a
 side, is wide: it says how far the seeds alone support a difference, not what a new problem set would give.
 Mean rewards are included where rewards are graded (a rubric task's outcome is the share of items met).
-Written to the spec's archive (else out_dir) as intervals_seeds.md and printed.
+Written to the spec's archive (else out_dir) as intervals_seeds.md (<reports>.intervals_seeds.md where the spec names
+its reports) and printed.
 """
 
 from __future__ import annotations
@@ -126,5 +127,6 @@ def run(spec: Spec, pairs, command_line: str) -> tuple[str, Path]:
     text = "\n".join(out) + "\n"
     folder = spec.archive or spec.out_dir
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "intervals_seeds.md").write_text(text)
-    return text, folder / "intervals_seeds.md"
+    path = spec.report_file(folder, "intervals_seeds.md")
+    path.write_text(text)
+    return text, path

@@ -13,6 +13,8 @@ A spec (YAML; relative paths are taken from the working directory, like the trai
     prepare:                                     # optional, run once before the first run (grid.py)
       - creates: runs/example_sft/final/config.json
         run: jaxrl-llm sft --config configs/toy.yaml train.out_dir=runs/example_sft
+    reports: example                             # optional: results.md -> example.results.md, and so on (a spec
+                                                 # sharing its out_dir and archive with another keeps its tables)
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pathlib import Path
 
 import yaml
 
-SPEC_KEYS = ("base", "overrides", "seeds", "out_dir", "arms", "archive", "prepare")
+SPEC_KEYS = ("base", "overrides", "seeds", "out_dir", "arms", "archive", "prepare", "reports")
 # set per run by the harness, never by a spec; eval.start_cache: the arms of a seed share their step-0 evaluation
 # where they start from the same weights with the same evaluation (train/start_cache.py)
 HARNESS_KEYS = ("train.seed", "train.out_dir", "eval.start_cache")
@@ -51,6 +53,13 @@ class Spec:
     arms: dict[str, tuple[str, ...]]
     archive: Path | None = None
     prepare: tuple[tuple[Path, tuple[str, ...]], ...] = ()  # (path it creates, command) in order
+    reports: str = ""  # the report files' prefix, if any
+
+    def report_file(self, folder: Path, name: str) -> Path:
+        """Where a report file `name` (results.md, intervals.md, ...) of this spec goes in `folder`: `name`, or
+        `<reports>.<name>` where the spec names its reports, so that two specs sharing one archive (one's runs
+        counted by both) do not write over each other's tables."""
+        return Path(folder) / (f"{self.reports}.{name}" if self.reports else name)
 
     def run_dir(self, arm: str, seed: int) -> Path:
         return self.out_dir / arm / f"seed{seed}"
@@ -187,8 +196,12 @@ def load_spec(path: str | Path) -> Spec:
     archive = raw.get("archive")
     if archive is not None and (not isinstance(archive, str) or not archive):
         fail(f"'archive' must be a folder path, got {archive!r}")
+    reports = raw.get("reports", "")
+    if not isinstance(reports, str) or (reports and not ARM_NAME.match(reports)):
+        fail(f"'reports' is a file-name prefix (letters, digits, _ . -), got {reports!r}")
     return Spec(path, base, _override_list(raw.get("overrides"), "overrides", fail), tuple(seeds), Path(out_dir),
-                checked, None if archive is None else Path(archive), _prepare_steps(raw.get("prepare"), fail))
+                checked, None if archive is None else Path(archive), _prepare_steps(raw.get("prepare"), fail),
+                reports)
 
 
 def _prepare_steps(value, fail) -> tuple[tuple[Path, tuple[str, ...]], ...]:

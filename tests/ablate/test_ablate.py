@@ -185,8 +185,21 @@ def test_report_files_and_curves(grid):
     assert steps == [1, 2, 3] and mean == pytest.approx([0.0, 0.05, 0.15])
 
 
+def test_a_spec_naming_its_reports_leaves_the_other_specs_tables_in_a_shared_archive(grid):
+    """Two specs over one out_dir (the composition control counts the HeRL control's runs): the one with `reports`
+    writes <reports>.results.md and so on beside the other's results.md, which stays as written."""
+    first = [p.read_bytes() for p in report.write_report(grid)]
+    other = spec_mod.load_spec(_write_spec(grid.out_dir.parent, SPEC + "reports: both\n"))
+    written = report.write_report(other)
+    assert [p.name for p in written] == ["both.results.md", "both.results.csv", "both.curves.png"]
+    assert [(grid.out_dir / n).read_bytes() for n in ("results.md", "results.csv", "curves.png")] == first
+    assert other.report_file(grid.out_dir, "intervals.md") == grid.out_dir / "both.intervals.md"
+    assert grid.report_file(grid.out_dir, "intervals.md") == grid.out_dir / "intervals.md"
+
+
 @pytest.mark.parametrize("text,error", [
     ("base: BASE\nseed: [0]\nout_dir: OUT\narms: {a: []}\n", r"spec.yaml: unknown key 'seed'; did you mean 'seeds'"),
+    ("base: BASE\nseeds: [0]\nout_dir: OUT\narms: {a: []}\nreports: ../x\n", r"'reports' is a file-name prefix"),
     ("seeds: [0]\nout_dir: OUT\narms: {a: []}\n", r"spec.yaml: missing 'base'"),
     ("base: nowhere.yaml\nseeds: [0]\nout_dir: OUT\narms: {a: []}\n", r"'base' is 'nowhere.yaml': no such file"),
     ("base: BASE\nseeds: [0]\nout_dir: OUT\narms: {}\n", r"spec.yaml: 'arms' is empty"),
