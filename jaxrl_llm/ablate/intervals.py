@@ -419,8 +419,4 @@ def run(spec: Spec, pairs, resamples: int, seed: int, by_difficulty: bool, comma
     if not results:
         raise SpecError(f"{spec.path}: no pair with finished runs on both sides")
     text = format_markdown(spec, command_line, results, missing, resamples, seed)
-    folder = spec.archive or spec.out_dir
-    folder.mkdir(parents=True, exist_ok=True)
-    path = spec.report_file(folder, "intervals.md")
-    path.write_text(text)
-    return text, path
+    return text, spec.write_table("intervals.md", text)

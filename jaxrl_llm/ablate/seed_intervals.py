@@ -125,8 +125,4 @@ def run(spec: Spec, pairs, command_line: str) -> tuple[str, Path]:
         out += ["", f"## Not in the tables: {len(missing)} runs", ""]
         out += [f"- {a} seed {s}: {why}" for a, s, why in missing]
     text = "\n".join(out) + "\n"
-    folder = spec.archive or spec.out_dir
-    folder.mkdir(parents=True, exist_ok=True)
-    path = spec.report_file(folder, "intervals_seeds.md")
-    path.write_text(text)
-    return text, path
+    return text, spec.write_table("intervals_seeds.md", text)

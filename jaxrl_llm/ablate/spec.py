@@ -61,6 +61,14 @@ class Spec:
         counted by both) do not write over each other's tables."""
         return Path(folder) / (f"{self.reports}.{name}" if self.reports else name)
 
+    def write_table(self, name: str, text: str) -> Path:
+        """`text` as the report file `name` in the archive (else out_dir), named by report_file; its path."""
+        folder = self.archive or self.out_dir
+        folder.mkdir(parents=True, exist_ok=True)
+        path = self.report_file(folder, name)
+        path.write_text(text)
+        return path
+
     def run_dir(self, arm: str, seed: int) -> Path:
         return self.out_dir / arm / f"seed{seed}"
 
