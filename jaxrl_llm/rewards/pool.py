@@ -49,6 +49,14 @@ def _worker(conn, output, fn, scorers, functions, folder, timeout_s, memory_mb, 
     sandbox.enter(folder, os.dup(output.fileno()))
     output.close()
     try:
+        _serve(conn, fn, scorers, functions, timeout_s, memory_mb, file_mb)
+    finally:  # the pool's close removes the folder too; a pool killed outright (SIGKILL, OOM) cannot: this does
+        os.chdir("/")
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _serve(conn, fn, scorers, functions, timeout_s, memory_mb, file_mb):
+    try:
         prepare(scorers)
         reward_functions.load(functions)
         sandbox.limit(memory_mb, file_mb)
@@ -57,7 +65,10 @@ def _worker(conn, output, fn, scorers, functions, folder, timeout_s, memory_mb, 
         return
     conn.send((READY, None))
     while True:
-        job = conn.recv()
+        try:
+            job = conn.recv()
+        except EOFError:  # the pool's end is gone: its process died without closing the pool
+            return
         if job is None:
             return
         idx, job_fn, args = job

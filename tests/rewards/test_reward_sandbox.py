@@ -103,3 +103,30 @@ def test_a_worker_that_dies_while_starting_is_started_again(tmp_path, monkeypatc
     with RewardPool(workers=1, timeout_s=5.0, fn=run, start_retries=2) as pool:
         with pytest.raises(RuntimeError, match=r"died while starting, 3 times in a row \(exit code 3\)"):
             pool.map([("x = 1",)])
+
+
+def test_a_pool_killed_outright_leaves_no_private_folder():
+    """A trainer killed with SIGKILL (or by the OOM killer) never closes its pool: its workers see the pipe close,
+    end, and remove their private folders themselves (they used to stay in the temporary folder, one per worker
+    per run)."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, os, signal\n"
+            "from jaxrl_llm.rewards.pool import RewardPool\n"
+            "from tests.hostile_scorer import run\n"
+            "pool = RewardPool(workers=2, timeout_s=5.0, fn=run)\n"
+            "assert pool.map([('x = 1',), ('open(\"left.txt\", \"w\").write(\"x\")',)])\n"
+            "print(json.dumps([w.folder for w in pool.workers]), flush=True)\n"
+            "os.kill(os.getpid(), signal.SIGKILL)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    folders = json.loads(proc.stdout)
+    assert len(folders) == 2 and all(os.path.basename(f).startswith("jaxrl-reward-") for f in folders)
+    for _ in range(100):  # the workers notice the closed pipe and clean up asynchronously
+        if not any(os.path.exists(f) for f in folders):
+            break
+        time.sleep(0.05)
+    assert not any(os.path.exists(f) for f in folders), [os.listdir(f) for f in folders if os.path.exists(f)]
