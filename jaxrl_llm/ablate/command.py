@@ -104,7 +104,11 @@ def parse_deadline(text: str, now: float | None = None) -> float:
         raise SpecError(f"--stop-by {text!r}: give a duration (90m, 2h30m, 45s) or a local time "
                         f"(2026-12-07T06:50, 06:50)") from None
     if when.timestamp() <= now:
-        raise SpecError(f"--stop-by {text!r}: {when.isoformat(timespec='minutes')} has passed")
+        from datetime import timedelta
+
+        hint = (f" (tomorrow's: --stop-by {(when + timedelta(days=1)).isoformat(timespec='minutes')})"
+                if ":" in text and "T" not in text else "")
+        raise SpecError(f"--stop-by {text!r}: {when.isoformat(timespec='minutes')} has passed{hint}")
     return when.timestamp()
 
 

@@ -588,7 +588,9 @@ def test_stop_by_parses_durations_and_local_times_and_refuses_the_past_and_junk(
     assert command.parse_deadline("2h30m", now) == now + 9000 and command.parse_deadline("45s", now) == now + 45
     assert command.parse_deadline("06:50", now) == datetime(2026, 12, 7, 6, 50).timestamp()
     assert command.parse_deadline("2026-12-08T01:02:03", now) == datetime(2026, 12, 8, 1, 2, 3).timestamp()
-    for text, error in (("04:59", "has passed"), ("2026-12-07T04:00", "has passed"), ("soon", "give a duration"),
+    with pytest.raises(spec_mod.SpecError, match=r"has passed \(tomorrow's: --stop-by 2026-12-08T04:59\)$"):
+        command.parse_deadline("04:59", now)
+    for text, error in (("04:59", "has passed"), ("2026-12-07T04:00", "has passed$"), ("soon", "give a duration"),
                         ("", "give a duration"), ("25:00", "give a duration")):
         with pytest.raises(spec_mod.SpecError, match=error):
             command.parse_deadline(text, now)
