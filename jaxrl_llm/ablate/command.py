@@ -201,9 +201,9 @@ def check(args) -> int:
     except SpecError as e:
         print(f"ablate-check: error: {e}", file=sys.stderr)
         return 2
-    print(text)
-    if args.out:
+    if args.out:  # before the print: a reader that stops early (`| head`) must not cost the file
         Path(args.out).write_text(text)
+    print(text)
     return 0
 
 

@@ -10,7 +10,7 @@ import statistics
 from pathlib import Path
 
 from jaxrl_llm.ablate.records import RunData, by_step, collect
-from jaxrl_llm.ablate.spec import SpecError, load_spec
+from jaxrl_llm.ablate.spec import Spec, SpecError, load_spec
 
 TAIL = 10  # steps the "holds" figures average over, at the end of a run
 
@@ -219,8 +219,9 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def report(spec_path: str) -> str:
-    spec = load_spec(spec_path)
+def report(spec_path: str, spec: Spec | None = None) -> str:
+    """The checks' tables for the spec at spec_path (`spec`: that spec as loaded, e.g. with another out_dir)."""
+    spec = load_spec(spec_path) if spec is None else spec
     checks = CHECKS.get(Path(spec_path).stem)
     if checks is None:
         raise SpecError(f"{spec_path}: no mechanism checks defined in jaxrl_llm/ablate/controls.py "

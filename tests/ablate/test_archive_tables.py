@@ -1,0 +1,73 @@
+"""The committed tables are what the committed records give: every spec with an archive has its results.md and
+results.csv, and every committed controls table its mechanism checks, made again from the archive alone (the
+run folder pointed at an empty one) and compared line for line. A table left from before a run was archived, or
+a record changed after its table, fails here. The "Not finished" list is left out: it says what a machine's run
+folder held when the table was made."""
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from jaxrl_llm.ablate.controls import CHECKS, report
+from jaxrl_llm.ablate.records import arm_table, collect
+from jaxrl_llm.ablate.report import format_csv, format_markdown
+from jaxrl_llm.ablate.spec import load_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+# the specs that keep an archive (the others' tables live in a machine's run folder only)
+SPECS = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "configs" / "ablate").glob("*.yaml")
+               if "archive" in yaml.safe_load(p.read_text()))
+
+
+def _archive(spec_path: str) -> Path:
+    return ROOT / yaml.safe_load((ROOT / spec_path).read_text())["archive"]
+
+
+def _controls_table(spec_path: str) -> Path:
+    reports = yaml.safe_load((ROOT / spec_path).read_text()).get("reports")
+    return _archive(spec_path) / (f"{reports}.controls.md" if reports else "controls.md")
+
+
+CONTROLS = [s for s in SPECS if Path(s).stem in CHECKS and _controls_table(s).is_file()]
+
+
+def _finished_part(text: str) -> str:
+    return re.split(r"\n## Not finished\n", text)[0]
+
+
+def _from_archive(spec_path: str, tmp_path: Path, monkeypatch):
+    monkeypatch.chdir(ROOT)  # spec paths are taken from the working directory
+    spec = load_spec(spec_path)
+    return spec, dataclasses.replace(spec, out_dir=tmp_path / "no_runs")
+
+
+@pytest.mark.parametrize("spec_path", SPECS)
+def test_results_tables_are_what_the_archived_records_give(spec_path, tmp_path, monkeypatch):
+    spec, bare = _from_archive(spec_path, tmp_path, monkeypatch)
+    runs, missing = collect(bare)
+    table = arm_table(bare, runs)
+    made = format_markdown(bare, table, runs, missing).replace(str(bare.out_dir), str(spec.out_dir))
+    committed = spec.report_file(spec.archive, "results.md")
+    assert runs and "| arm |" in _finished_part(made)
+    assert _finished_part(committed.read_text()).splitlines() == _finished_part(made).splitlines(), (
+        f"{committed} is stale: `jaxrl-llm ablate {spec_path} --report-only` makes it again")
+    assert spec.report_file(spec.archive, "results.csv").read_text() == format_csv(table)
+
+
+def test_every_spec_with_checks_has_its_controls_table_committed():
+    assert len(SPECS) >= 10 and sorted(Path(s).stem for s in CONTROLS) == sorted(
+        Path(s).stem for s in SPECS if Path(s).stem in CHECKS)
+
+
+@pytest.mark.parametrize("spec_path", CONTROLS)
+def test_committed_controls_tables_are_what_the_archived_records_give(spec_path, tmp_path, monkeypatch):
+    spec, bare = _from_archive(spec_path, tmp_path, monkeypatch)
+    committed = spec.report_file(spec.archive, "controls.md")
+    assert ROOT / committed == _controls_table(spec_path)
+    made = report(spec_path, bare)
+    assert "Prediction held in" in made
+    assert _finished_part(committed.read_text()).splitlines() == _finished_part(made).splitlines(), (
+        f"{committed} is stale: `jaxrl-llm ablate-check {spec_path} --out {committed.relative_to(ROOT)}`")
