@@ -6,6 +6,7 @@ edits them. `jaxrl-llm ablate-check SPEC [--out FILE.md]` prints the report.
 
 from __future__ import annotations
 
+import inspect
 import statistics
 from pathlib import Path
 
@@ -76,11 +77,11 @@ def _replay_figures(run: RunData) -> dict:
     last = by_step(run.rows, "train")
     return {"continuation success": _weighted(run, "rrl_continuation_success", "rrl_replay_rows"),
             "fresh success, same prompts": _weighted(run, "rrl_fresh_success_same_prompts", "rrl_replay_rows"),
-            "replay groups on all-wrong prompts": on_wrong,
+            "replay groups on all-wrong prompts": int(on_wrong),
             "mixed share of those": _total(run, "rrl_replay_mixed_all_wrong_prompts") / on_wrong if on_wrong else
             float("nan"),
             "zero-variance replay groups": _weighted(run, "replay_groups_zero_variance", "rrl_replayed_states"),
-            "solved first via replay": float(last[max(last)].get("rrl_solved_first_via_replay", 0))}
+            "solved first via replay": int(last[max(last)].get("rrl_solved_first_via_replay", 0))}
 
 
 def rrl(run: RunData, runs) -> dict:
@@ -230,7 +231,7 @@ def report(spec_path: str, spec: Spec | None = None) -> str:
     out = [f"# Mechanism checks: {spec_path}", "", f"Made by `python tools/controls.py {spec_path}`.", ""]
     for arm, check in checks.items():
         mine = [r for r in runs if r.arm == arm]
-        out += [f"## {arm}", "", (check.__doc__ or "").strip(), ""]
+        out += [f"## {arm}", "", inspect.cleandoc(check.__doc__ or ""), ""]
         if not mine:
             out += ["(no finished run)", ""]
             continue

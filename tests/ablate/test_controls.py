@@ -2,6 +2,7 @@
 run records, against the figures computed by hand (a check that cannot say NO is a defect, so each is shown failing
 too), and the report over a spec's finished and missing runs."""
 
+import inspect
 import json
 import runpy
 import sys
@@ -108,8 +109,8 @@ def test_ablate_check_reports_finished_runs_per_arm_and_lists_the_rest(tmp_path,
     assert ("| seed | continuation success | fresh success, same prompts | replay groups on all-wrong prompts | "
             "mixed share of those | zero-variance replay groups | solved first via replay | holds |\n"
             "|---|---|---|---|---|---|---|---|\n"
-            "| 0 | 0.200 | 0.100 | 4.000 | 0.250 | 0.688 | 2.000 | yes |\n\nPrediction held in 1 of 1 runs.") in text
-    assert f"## rrl_reference\n\n{controls.rrl.__doc__.strip()}\n\n(no finished run)\n" in text
+            "| 0 | 0.200 | 0.100 | 4 | 0.250 | 0.688 | 2 | yes |\n\nPrediction held in 1 of 1 runs.") in text
+    assert f"## rrl_reference\n\n{inspect.cleandoc(controls.rrl.__doc__)}\n\n(no finished run)\n" in text
     assert text.endswith("## Not finished\n\n- rrl seed 1: not started\n- rrl_value seed 0: not started\n"
                          "- rrl_value seed 1: not started\n")
 
