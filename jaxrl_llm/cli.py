@@ -166,7 +166,8 @@ def main(argv=None) -> int:
     add_ablate_commands(sub)
 
     args = parser.parse_args(argv)  # --help and usage errors end here, before any network check
-    offline_unless_reachable()  # before a command imports the HF libraries: they read HF_HUB_OFFLINE on import
+    if getattr(args, "hub", True):  # a command reading only local records (hub=False) asks nothing of the network
+        offline_unless_reachable()  # before a command imports the HF libraries: they read HF_HUB_OFFLINE on import
     try:
         return args.fn(args)
     except (ValueError, FileNotFoundError, DistributedError) as e:

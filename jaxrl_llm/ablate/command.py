@@ -60,7 +60,7 @@ def add_commands(sub) -> None:
     p.set_defaults(fn=ablate)
     p = sub.add_parser("ablate-check", help=CHECK_TEXT, description=CHECK_TEXT)
     add_check_arguments(p)
-    p.set_defaults(fn=check)
+    p.set_defaults(fn=check, hub=False)  # records only: no Hub probe (cli.main)
     p = sub.add_parser("ablate-ci", help=CI_TEXT, description=ci.__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_ci_arguments(p)
