@@ -56,7 +56,8 @@ def rrl_reference(tmp_path_factory):
 # Modules whose tests share an expensive module-scoped run: with `pytest -n N --dist loadgroup` (tools/test.sh)
 # each goes to one worker whole, so the run is built once, not once per worker that gets some of its tests.
 SHARED_RUN_MODULES = {"test_trainer.py", "test_run_dir.py", "test_eval_export.py", "test_tracking.py",
-                      "test_memory_bench.py", "test_real_model.py", "test_explore_correctness.py", "test_memory_plan.py"}
+                      "test_memory_bench.py", "test_real_model.py", "test_explore_correctness.py",
+                      "test_memory_plan.py"}
 
 
 @pytest.hookimpl(tryfirst=True)

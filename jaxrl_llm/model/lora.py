@@ -193,7 +193,8 @@ def save_peft_adapter(model, folder: str | Path, base_model: str = "") -> Path:
         tensors[f"{prefix}.lora_B.weight"] = np.ascontiguousarray(b.reshape(spec.rank, -1).T)
     save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": spec.rank, "lora_alpha": spec.alpha,
-              "target_modules": list(spec.targets), "lora_dropout": spec.dropout, "bias": "none", "fan_in_fan_out": False,
+              "target_modules": list(spec.targets), "lora_dropout": spec.dropout, "bias": "none",
+              "fan_in_fan_out": False,
               "init_lora_weights": True, "use_rslora": False, "use_dora": False, "inference_mode": True,
               "modules_to_save": None, "base_model_name_or_path": base_model}
     (folder / "adapter_config.json").write_text(json.dumps(config, indent=2))

@@ -269,7 +269,8 @@ def suggestions(p: MemoryPlan, cfg) -> list[str]:
         in_update = p.params + p.optimizer + p.reference + p.gradients
         scaled = dataclasses.replace(p, params=part(p.params), optimizer=part(p.optimizer),
                                      reference=part(p.reference), sampling_copy=part(p.sampling_copy),
-                                     gradients=part(p.gradients), update_peak=p.update_peak - in_update + part(in_update))
+                                     gradients=part(p.gradients),
+                                     update_peak=p.update_peak - in_update + part(in_update))
         if scaled.fits:
             out.append(f"mesh.fsdp={f} with mesh.data={p.devices // f // tensor} "
                        f"(peak about {format_size(scaled.peak)})")

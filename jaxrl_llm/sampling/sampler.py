@@ -5,8 +5,8 @@ per-row token budgets and stop ids are traced arrays, so new values never recomp
 a `lax.while_loop` that ends when every row has finished. Its KV cache grows with the rows: decode steps
 attend over `prefill + first_level` slots while every row is within them, then over twice as many, and so on
 up to the buffer (each level its own loop in the one program, the cache padded between levels), so a step's
-attention costs what the filled part of the cache holds, within 2x, not the whole buffer. Weights enter as an argument (the nnx
-state), never closed over, so the trainer's updated parameters feed straight in.
+attention costs what the filled part of the cache holds, within 2x, not the whole buffer. Weights enter as an
+argument (the nnx state), never closed over, so the trainer's updated parameters feed straight in.
 
 Layout of the token buffer [B, S]: row b holds its context (prompt, then an optional given prefix
 of the response) in slots [0, context_len), generated tokens after it, pad to the right. Slot index

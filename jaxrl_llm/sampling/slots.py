@@ -216,7 +216,8 @@ def _empty_program(shape, mesh):
         zeros_SL = jnp.zeros((s, buffer), jnp.float32)
         cache = KVCache([jnp.zeros((s, kv, head_dim, level), dtype) for _ in range(layers)],
                         [jnp.zeros((s, kv, level, head_dim), dtype) for _ in range(layers)])
-        rows = RowState(jnp.zeros((s, buffer), jnp.int32), zeros_SL, zeros_SL, cache, jnp.zeros((s, vocab), jnp.float32),
+        rows = RowState(jnp.zeros((s, buffer), jnp.int32), zeros_SL, zeros_SL, cache,
+                        jnp.zeros((s, vocab), jnp.float32),
                         jnp.zeros((s,), jnp.int32), jnp.zeros((s,), jnp.int32), jnp.ones((s,), bool),
                         jnp.full((s,), FINISH_LENGTH, jnp.int32))
         settings = RowSettings(jnp.zeros((s,), jnp.int32), jnp.zeros((s,), jnp.float32), jnp.ones((s,), jnp.float32),

@@ -115,7 +115,8 @@ def make_sampler(cfg: Config, policy, shapes: RunShapes, mesh) -> Sampler:
     tok, model_cfg = policy.tokenizer, policy.model_cfg
     return Sampler(policy.graphdef, pad_id=pad_id(tok), stop_ids=stop_ids(tok, model_cfg.eos_token_ids),
                    max_cache_len=model_cfg.max_position_embeddings, mesh=mesh, share_prefill=cfg.rollout.shared_prefix,
-                   decode_slots=cfg.rollout.decode_slots, min_context=shapes.sample_context, min_unique=shapes.min_unique)
+                   decode_slots=cfg.rollout.decode_slots, min_context=shapes.sample_context,
+                   min_unique=shapes.min_unique)
 
 
 def make_judge(cfg: Config, sampler: Sampler, sampling_params, tok, mesh, rows: int) -> Judge | None:

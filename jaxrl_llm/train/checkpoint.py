@@ -295,6 +295,7 @@ def _quiet_closed_loop_reports() -> None:
 def _unretrieved_read_failure(record: logging.LogRecord) -> bool:
     """False (drop) for asyncio's report of a failed tensorstore read nobody awaited any more."""
     exc = record.exc_info[1] if record.exc_info else None
-    return not (str(record.msg).startswith(("Future exception was never retrieved", "Task exception was never retrieved"))
+    return not (str(record.msg).startswith(("Future exception was never retrieved",
+                                            "Task exception was never retrieved"))
                 and exc is not None
                 and "tensorstore_spec" in str(exc))

@@ -682,7 +682,8 @@ def test_prepare_runs_once_before_the_first_run_and_a_failure_stops_the_grid(tmp
     made, count = tmp_path / "warm" / "model.txt", tmp_path / "count.txt"
     script = tmp_path / "prep.py"
     script.write_text("import pathlib, sys\n"
-                      f"c = pathlib.Path({str(count)!r}); c.write_text(str(int(c.read_text() or 0) + 1) if c.exists() else '1')\n"
+                      f"c = pathlib.Path({str(count)!r})\n"
+                      "c.write_text(str(int(c.read_text() or 0) + 1) if c.exists() else '1')\n"
                       "if sys.argv[1] == 'fail': print('prep broke'); sys.exit(4)\n"
                       f"pathlib.Path({str(made)!r}).parent.mkdir(exist_ok=True)\n"
                       f"pathlib.Path({str(made)!r}).write_text('w')\n")
@@ -726,7 +727,8 @@ def test_prepare_runs_once_before_the_first_run_and_a_failure_stops_the_grid(tmp
 
 def test_prepare_names_jaxrl_llm_as_this_interpreters_trainer(tmp_path):
     spec = spec_mod.load_spec(_write_spec(tmp_path, "base: BASE\nseeds: [0]\nout_dir: OUT\narms: {a: []}\n"
-                                        "prepare: [{creates: w/config.json, run: jaxrl-llm sft --config c.yaml a.b=1}]\n"))
+                                        "prepare: [{creates: w/config.json, "
+                                        "run: jaxrl-llm sft --config c.yaml a.b=1}]\n"))
     assert spec.prepare == ((Path("w/config.json"), (sys.executable, "-m", "jaxrl_llm.cli", "sft", "--config",
                                                      "c.yaml", "a.b=1")),)
 

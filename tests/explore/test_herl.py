@@ -265,7 +265,8 @@ def test_revisions_of_any_count_compile_nothing_new():
     info = StepInfo(1, np.arange(3), jax.random.key(0))
     herl.revise(state, r, info, _Stub([0.0] * 6).sample, _Stub([0.0] * 6).score, _Stub([]).logprobs)  # 6 revisions
     before = compile_counter.compilations()
-    for n, scored in ((4, np.where(np.arange(12) < 8, 1.0, r.scored)), (3, np.where(np.arange(12) == 9, 0.5, r.scored))):
+    for n, scored in ((4, np.where(np.arange(12) < 8, 1.0, r.scored)),
+                      (3, np.where(np.arange(12) == 9, 0.5, r.scored))):
         one = dataclasses.replace(r, scored=scored.astype(np.float32), rewards=scored.astype(np.float32))
         stub = _Stub([0.0] * n)
         _, m = herl.revise(state, one, info, stub.sample, stub.score, stub.logprobs)
