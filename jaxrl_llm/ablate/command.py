@@ -94,8 +94,9 @@ def parse_deadline(text: str, now: float | None = None) -> float:
     if m and any(m.groups()):
         h, mi, s = (int(g or 0) for g in m.groups())
         return now + 3600 * h + 60 * mi + s
+    clock = re.fullmatch(r"\d{1,2}:\d{2}", text.strip())  # a time of day: today's
     try:
-        if re.fullmatch(r"\d{1,2}:\d{2}", text.strip()):
+        if clock:
             hh, mm = map(int, text.strip().split(":"))
             when = datetime.fromtimestamp(now).replace(hour=hh, minute=mm, second=0, microsecond=0)
         else:
@@ -107,7 +108,7 @@ def parse_deadline(text: str, now: float | None = None) -> float:
         from datetime import timedelta
 
         hint = (f" (tomorrow's: --stop-by {(when + timedelta(days=1)).isoformat(timespec='minutes')})"
-                if ":" in text and "T" not in text else "")
+                if clock else "")
         raise SpecError(f"--stop-by {text!r}: {when.isoformat(timespec='minutes')} has passed{hint}")
     return when.timestamp()
 

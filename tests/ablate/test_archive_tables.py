@@ -20,18 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # the specs that keep an archive (the others' tables live in a machine's run folder only)
 SPECS = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "configs" / "ablate").glob("*.yaml")
                if "archive" in yaml.safe_load(p.read_text()))
-
-
-def _archive(spec_path: str) -> Path:
-    return ROOT / yaml.safe_load((ROOT / spec_path).read_text())["archive"]
-
-
-def _controls_table(spec_path: str) -> Path:
-    reports = yaml.safe_load((ROOT / spec_path).read_text()).get("reports")
-    return _archive(spec_path) / (f"{reports}.controls.md" if reports else "controls.md")
-
-
-CONTROLS = [s for s in SPECS if Path(s).stem in CHECKS and _controls_table(s).is_file()]
+CONTROLS = [s for s in SPECS if Path(s).stem in CHECKS]
 
 
 def _without_reasons(text: str) -> str:
@@ -59,17 +48,17 @@ def test_results_tables_are_what_the_archived_records_give(spec_path, tmp_path, 
     assert spec.report_file(spec.archive, "results.csv").read_text() == format_csv(table)
 
 
-def test_every_spec_with_checks_has_its_controls_table_committed():
-    assert len(SPECS) >= 10 and sorted(Path(s).stem for s in CONTROLS) == sorted(
-        Path(s).stem for s in SPECS if Path(s).stem in CHECKS)
+def test_the_specs_and_their_checks_are_found():
+    assert len(SPECS) >= 10 and len(CONTROLS) >= 5
 
 
 @pytest.mark.parametrize("spec_path", CONTROLS)
 def test_committed_controls_tables_are_what_the_archived_records_give(spec_path, tmp_path, monkeypatch):
     spec, bare = _from_archive(spec_path, tmp_path, monkeypatch)
     committed = spec.report_file(spec.archive, "controls.md")
-    assert ROOT / committed == _controls_table(spec_path)
     made = report(spec_path, bare)
+    assert committed.is_file(), (f"{spec_path} has mechanism checks and no committed table: "
+                                 f"`jaxrl-llm ablate-check {spec_path} --out {committed}`")
     assert "Prediction held in" in made
     assert _without_reasons(committed.read_text()).splitlines() == _without_reasons(made).splitlines(), (
-        f"{committed} is stale: `jaxrl-llm ablate-check {spec_path} --out {committed.relative_to(ROOT)}`")
+        f"{committed} is stale: `jaxrl-llm ablate-check {spec_path} --out {committed}`")
