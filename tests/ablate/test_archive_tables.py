@@ -1,8 +1,10 @@
 """The committed tables are what the committed records give: every spec with an archive has its results.md and
-results.csv, and every committed controls table its mechanism checks, made again from the archive alone (the
-run folder pointed at an empty one) and compared line for line. A table left from before a run was archived, or
-a record changed after its table, fails here. Which runs a table lists as missing is compared, not why (not
-started, unfinished): that says what a machine's run folder held when the table was made."""
+results.csv, every committed controls table its mechanism checks, and every committed interval table (Welch over
+seeds; the paired bootstrap where the records hold per-problem outcomes) what its own 'Produced by' command gives,
+made again from the archive alone (the run folder pointed at an empty one) and compared line for line. A table
+left from before a run was archived, or a record changed after its table, fails here. Which runs a table lists as
+missing is compared, not why (not started, unfinished): that says what a machine's run folder held when the table
+was made."""
 
 import dataclasses
 import re
@@ -62,3 +64,77 @@ def test_committed_controls_tables_are_what_the_archived_records_give(spec_path,
     assert "Prediction held in" in made
     assert _without_reasons(committed.read_text()).splitlines() == _without_reasons(made).splitlines(), (
         f"{committed} is stale: `jaxrl-llm ablate-check {spec_path} --out {committed}`")
+
+
+# every committed Welch table over seeds (ablate-ci --seeds-only: from the records' final rows, so the archive
+# alone makes it again); the bootstrap tables (intervals.md) need the runs' checkpoints and are not made here
+SEED_TABLES = sorted(p.relative_to(ROOT).as_posix()
+                     for p in (ROOT / "tools" / "results").rglob("*intervals_seeds.md"))
+
+
+@pytest.mark.parametrize("table", SEED_TABLES)
+def test_committed_seed_interval_tables_are_what_their_command_gives_from_the_archive(table, tmp_path, monkeypatch):
+    import shlex
+
+    from jaxrl_llm.ablate import seed_intervals
+    from jaxrl_llm.ablate.intervals import parse_pairs
+    from jaxrl_llm.ablate.spec import Spec
+
+    committed = (ROOT / table).read_text()
+    line = re.search(r"Produced by `(jaxrl-llm ablate-ci [^`]+)`", committed)
+    assert line, f"{table}: no 'Produced by' command"
+    argv = shlex.split(line[1])
+    assert "--seeds-only" in argv, f"{table}: {line[1]} is not a --seeds-only table"
+    spec, bare = _from_archive(argv[2], tmp_path, monkeypatch)
+    written = {}
+    monkeypatch.setattr(Spec, "write_table", lambda self, name, text: written.setdefault(name, text))
+    opt = lambda flag, default=None: argv[argv.index(flag) + 1] if flag in argv else default  # noqa: E731
+    made, _ = seed_intervals.run(bare, parse_pairs(opt("--arms"), opt("--baseline", "grpo"), bare), line[1])
+    made = made.replace(str(bare.out_dir), str(spec.out_dir))
+    assert (ROOT / spec.report_file(spec.archive, "intervals_seeds.md")).resolve() == (ROOT / table).resolve()
+    assert _without_reasons(committed).splitlines() == _without_reasons(made).splitlines(), (
+        f"{table} is stale: `{line[1]}` makes it again")
+
+
+def test_the_seed_interval_tables_are_found():
+    assert len(SEED_TABLES) >= 5
+
+
+# every committed bootstrap table (ablate-ci: paired over seeds and held-out problems); the records of these runs
+# hold their per-problem outcomes, so the archive alone makes them again. The toy controls' records predate those
+# outcomes: their tables need the runs' final checkpoints (gone with the machines that trained them)
+BOOTSTRAP_TABLES = sorted(p.relative_to(ROOT).as_posix()
+                          for p in (ROOT / "tools" / "results").rglob("*intervals.md"))
+NEED_CHECKPOINTS = {"tools/results/ablate_e3_budget_control/intervals.md",
+                    "tools/results/ablate_e3_temperature_control/intervals.md",
+                    "tools/results/ablate_rrl_control/intervals.md"}
+
+
+def test_committed_bootstrap_tables_are_what_their_command_gives_from_the_archive(tmp_path, monkeypatch):
+    import shlex
+
+    from jaxrl_llm.ablate import intervals
+    from jaxrl_llm.ablate.spec import Spec, SpecError
+
+    written, remade = {}, []
+    monkeypatch.setattr(Spec, "write_table", lambda self, name, text: written.setdefault(name, text))
+    for table in BOOTSTRAP_TABLES:
+        committed = (ROOT / table).read_text()
+        line = re.search(r"Produced by `(jaxrl-llm ablate-ci [^`]+)`", committed)
+        assert line, f"{table}: no 'Produced by' command"
+        argv = shlex.split(line[1])
+        opt = lambda flag, default=None: argv[argv.index(flag) + 1] if flag in argv else default  # noqa: E731
+        spec, bare = _from_archive(argv[2], tmp_path / Path(table).parent.name, monkeypatch)
+        assert (ROOT / spec.report_file(spec.archive, "intervals.md")).resolve() == (ROOT / table).resolve()
+        pairs = intervals.parse_pairs(opt("--arms"), opt("--baseline", "grpo"), bare)
+        try:
+            made, _ = intervals.run(bare, pairs, int(opt("--resamples")), int(opt("--seed")),
+                                    "--by-difficulty" in argv, line[1], log=lambda m: None)
+        except SpecError as e:
+            assert table in NEED_CHECKPOINTS and "no checkpoint" in str(e), (table, str(e))
+            continue
+        made = made.replace(str(bare.out_dir), str(spec.out_dir))
+        assert _without_reasons(committed).splitlines() == _without_reasons(made).splitlines(), (
+            f"{table} is stale: `{line[1]}` makes it again")
+        remade.append(table)
+    assert len(remade) >= 3 and not NEED_CHECKPOINTS & set(remade), remade
