@@ -57,14 +57,16 @@ def add_commands(sub) -> None:
     p = sub.add_parser("ablate", help="train every arm of an ablation spec on the same seeds, then report",
                        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_ablate_arguments(p)
-    p.set_defaults(fn=ablate)
+    # no Hub probe (cli.main) for any of the three: ablate-check reads records only, and every process the other
+    # two start (prepare, runs, evaluations) runs offline (grid.py OFFLINE_ENV), so a probe could only cost time
+    p.set_defaults(fn=ablate, hub=False)
     p = sub.add_parser("ablate-check", help=CHECK_TEXT, description=CHECK_TEXT)
     add_check_arguments(p)
-    p.set_defaults(fn=check, hub=False)  # records only: no Hub probe (cli.main)
+    p.set_defaults(fn=check, hub=False)
     p = sub.add_parser("ablate-ci", help=CI_TEXT, description=ci.__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_ci_arguments(p)
-    p.set_defaults(fn=intervals)
+    p.set_defaults(fn=intervals, hub=False)
 
 
 def add_ci_arguments(p) -> None:

@@ -89,7 +89,7 @@ def test_a_corrupt_model_config_names_its_file(tmp_path):
         ModelConfig.from_hf_folder(tmp_path)
 
 
-def test_sft_without_sft_steps_is_refused_and_help_and_ablate_check_ask_nothing_of_the_network(monkeypatch, capsys):
+def test_sft_without_sft_steps_is_refused_and_help_and_the_ablate_commands_ask_nothing_of_the_network(monkeypatch, capsys):
     from jaxrl_llm import cli, hub
 
     monkeypatch.setattr(hub, "offline_unless_reachable", lambda *a, **k: pytest.fail("network check on --help"))
@@ -97,6 +97,9 @@ def test_sft_without_sft_steps_is_refused_and_help_and_ablate_check_ask_nothing_
     with pytest.raises(SystemExit):
         cli.main(["--help"])
     assert cli.main(["ablate-check", "configs/ablate/herl_control.yaml"]) == 0  # records only: no probe either
+    for command in ("ablate", "ablate-ci"):  # their processes run offline: no probe (a missing spec, refused)
+        assert cli.main([command, "configs/ablate/no_such_spec.yaml"]) == 2
+        assert "no_such_spec.yaml" in capsys.readouterr().err
     capsys.readouterr()
     monkeypatch.setattr(cli, "offline_unless_reachable", lambda *a, **k: False)
     assert cli.main(["sft", "--config", "configs/toy.yaml", "sft.steps=0"]) == 2
