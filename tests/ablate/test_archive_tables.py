@@ -67,7 +67,7 @@ def test_committed_controls_tables_are_what_the_archived_records_give(spec_path,
 
 
 # every committed Welch table over seeds (ablate-ci --seeds-only: from the records' final rows, so the archive
-# alone makes it again); the bootstrap tables (intervals.md) need the runs' checkpoints and are not made here
+# alone makes it again); the bootstrap tables (intervals.md): the test after this one
 SEED_TABLES = sorted(p.relative_to(ROOT).as_posix()
                      for p in (ROOT / "tools" / "results").rglob("*intervals_seeds.md"))
 

@@ -89,7 +89,7 @@ def test_a_corrupt_model_config_names_its_file(tmp_path):
         ModelConfig.from_hf_folder(tmp_path)
 
 
-def test_sft_without_sft_steps_is_refused_and_help_and_the_ablate_commands_ask_nothing_of_the_network(monkeypatch, capsys):
+def test_sft_without_sft_steps_is_refused_and_help_and_ablate_commands_probe_no_network(monkeypatch, capsys):
     from jaxrl_llm import cli, hub
 
     monkeypatch.setattr(hub, "offline_unless_reachable", lambda *a, **k: pytest.fail("network check on --help"))
