@@ -66,6 +66,34 @@ def test_committed_controls_tables_are_what_the_archived_records_give(spec_path,
         f"{committed} is stale: `jaxrl-llm ablate-check {spec_path} --out {committed}`")
 
 
+def _produced_by(table: str, tmp_path: Path, monkeypatch):
+    """The committed text of an ablate-ci table, its 'Produced by' command, that command's arguments (read by
+    ablate-ci's own parser), the spec and the spec with an empty run folder; tables are not written."""
+    import argparse
+    import shlex
+
+    from jaxrl_llm.ablate.command import add_ci_arguments
+    from jaxrl_llm.ablate.spec import Spec
+
+    committed = (ROOT / table).read_text()
+    line = re.search(r"Produced by `(jaxrl-llm ablate-ci [^`]+)`", committed)
+    assert line, f"{table}: no 'Produced by' command"
+    parser = argparse.ArgumentParser()
+    add_ci_arguments(parser)
+    args = parser.parse_args(shlex.split(line[1])[2:])
+    spec, bare = _from_archive(str(args.spec), tmp_path, monkeypatch)
+    name = "intervals_seeds.md" if args.seeds_only else "intervals.md"
+    assert (ROOT / spec.report_file(spec.archive, name)).resolve() == (ROOT / table).resolve()
+    monkeypatch.setattr(Spec, "write_table", lambda self, name, text: None)
+    return committed, line[1], args, spec, bare
+
+
+def _assert_remade(table: str, committed: str, command: str, made: str, spec, bare) -> None:
+    made = made.replace(str(bare.out_dir), str(spec.out_dir))
+    assert _without_reasons(committed).splitlines() == _without_reasons(made).splitlines(), (
+        f"{table} is stale: `{command}` makes it again")
+
+
 # every committed Welch table over seeds (ablate-ci --seeds-only: from the records' final rows, so the archive
 # alone makes it again); the bootstrap tables (intervals.md): the test after this one
 SEED_TABLES = sorted(p.relative_to(ROOT).as_posix()
@@ -74,26 +102,13 @@ SEED_TABLES = sorted(p.relative_to(ROOT).as_posix()
 
 @pytest.mark.parametrize("table", SEED_TABLES)
 def test_committed_seed_interval_tables_are_what_their_command_gives_from_the_archive(table, tmp_path, monkeypatch):
-    import shlex
-
     from jaxrl_llm.ablate import seed_intervals
     from jaxrl_llm.ablate.intervals import parse_pairs
-    from jaxrl_llm.ablate.spec import Spec
 
-    committed = (ROOT / table).read_text()
-    line = re.search(r"Produced by `(jaxrl-llm ablate-ci [^`]+)`", committed)
-    assert line, f"{table}: no 'Produced by' command"
-    argv = shlex.split(line[1])
-    assert "--seeds-only" in argv, f"{table}: {line[1]} is not a --seeds-only table"
-    spec, bare = _from_archive(argv[2], tmp_path, monkeypatch)
-    written = {}
-    monkeypatch.setattr(Spec, "write_table", lambda self, name, text: written.setdefault(name, text))
-    opt = lambda flag, default=None: argv[argv.index(flag) + 1] if flag in argv else default  # noqa: E731
-    made, _ = seed_intervals.run(bare, parse_pairs(opt("--arms"), opt("--baseline", "grpo"), bare), line[1])
-    made = made.replace(str(bare.out_dir), str(spec.out_dir))
-    assert (ROOT / spec.report_file(spec.archive, "intervals_seeds.md")).resolve() == (ROOT / table).resolve()
-    assert _without_reasons(committed).splitlines() == _without_reasons(made).splitlines(), (
-        f"{table} is stale: `{line[1]}` makes it again")
+    committed, command, args, spec, bare = _produced_by(table, tmp_path, monkeypatch)
+    assert args.seeds_only, f"{table}: {command} is not a --seeds-only table"
+    made, _ = seed_intervals.run(bare, parse_pairs(args.arms, args.baseline, bare), command)
+    _assert_remade(table, committed, command, made, spec, bare)
 
 
 def test_the_seed_interval_tables_are_found():
@@ -111,30 +126,19 @@ NEED_CHECKPOINTS = {"tools/results/ablate_e3_budget_control/intervals.md",
 
 
 def test_committed_bootstrap_tables_are_what_their_command_gives_from_the_archive(tmp_path, monkeypatch):
-    import shlex
-
     from jaxrl_llm.ablate import intervals
-    from jaxrl_llm.ablate.spec import Spec, SpecError
+    from jaxrl_llm.ablate.spec import SpecError
 
-    written, remade = {}, []
-    monkeypatch.setattr(Spec, "write_table", lambda self, name, text: written.setdefault(name, text))
+    remade = []
     for table in BOOTSTRAP_TABLES:
-        committed = (ROOT / table).read_text()
-        line = re.search(r"Produced by `(jaxrl-llm ablate-ci [^`]+)`", committed)
-        assert line, f"{table}: no 'Produced by' command"
-        argv = shlex.split(line[1])
-        opt = lambda flag, default=None: argv[argv.index(flag) + 1] if flag in argv else default  # noqa: E731
-        spec, bare = _from_archive(argv[2], tmp_path / Path(table).parent.name, monkeypatch)
-        assert (ROOT / spec.report_file(spec.archive, "intervals.md")).resolve() == (ROOT / table).resolve()
-        pairs = intervals.parse_pairs(opt("--arms"), opt("--baseline", "grpo"), bare)
+        committed, command, args, spec, bare = _produced_by(table, tmp_path / Path(table).parent.name, monkeypatch)
+        pairs = intervals.parse_pairs(args.arms, args.baseline, bare)
         try:
-            made, _ = intervals.run(bare, pairs, int(opt("--resamples")), int(opt("--seed")),
-                                    "--by-difficulty" in argv, line[1], log=lambda m: None)
+            made, _ = intervals.run(bare, pairs, args.resamples, args.seed, args.by_difficulty, command,
+                                    log=lambda m: None)
         except SpecError as e:
             assert table in NEED_CHECKPOINTS and "no checkpoint" in str(e), (table, str(e))
             continue
-        made = made.replace(str(bare.out_dir), str(spec.out_dir))
-        assert _without_reasons(committed).splitlines() == _without_reasons(made).splitlines(), (
-            f"{table} is stale: `{line[1]}` makes it again")
+        _assert_remade(table, committed, command, made, spec, bare)
         remade.append(table)
     assert len(remade) >= 3 and not NEED_CHECKPOINTS & set(remade), remade
